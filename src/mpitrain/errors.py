@@ -1,0 +1,20 @@
+"""One error type for failures of the job, distinct from the caller's mistakes.
+
+Caller mistakes (a bad argument, a wrong dtype) raise ``ValueError``/``TypeError`` at the call.
+Failures of the job itself (a peer died, ranks disagree about a tensor, shutdown with requests
+in flight) raise :class:`MpitrainInternalError`, which Horovod code catches under its own name.
+"""
+
+from __future__ import annotations
+
+
+class MpitrainInternalError(RuntimeError):
+    """A collective failed for a reason outside the caller's arguments on this rank."""
+
+
+HorovodInternalError = MpitrainInternalError
+
+
+def not_initialized() -> ValueError:
+    """The error every runtime query raises before init()."""
+    return ValueError("mpitrain has not been initialized; call mpitrain.init() first.")

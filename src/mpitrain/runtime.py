@@ -1,0 +1,267 @@
+"""init/shutdown and the rank queries: the process-wide state every other layer reads.
+
+``init()`` reads the configuration once, duplicates the job's communicator, works out the node
+layout, binds the device, starts the background engine and arms the abort-on-error hook.  All
+later layers get what they need from here; nothing below reads the environment again.
+"""
+
+from __future__ import annotations
+
+import atexit
+import sys
+import threading
+import traceback
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from . import _mpi, binding, topology
+from . import config as config_module
+from .errors import not_initialized
+from .topology import Communicators, Topology
+
+if TYPE_CHECKING:
+    from .engine.engine import Engine
+    from .process_sets import ProcessSet
+
+
+@dataclass
+class State:
+    """Everything init() established, torn down by shutdown()."""
+
+    config: config_module.Config
+    topology: Topology
+    comms: Communicators
+    engine: Engine
+    thread_level: int
+    device: int | None
+    cpu_threads: int | None
+
+
+_state: State | None = None
+_lock = threading.RLock()
+_atexit_registered = False
+_hook_installed = False
+
+
+def _resolve_comm(MPI: Any, comm: Any) -> Any:
+    """Turn init()'s ``comm`` argument into a private duplicate communicator."""
+    if comm is None:
+        return MPI.COMM_WORLD.Dup()
+    if isinstance(comm, MPI.Comm):
+        if comm == MPI.COMM_NULL:
+            raise ValueError("init(comm=MPI.COMM_NULL): this process is not part of that "
+                             "communicator")
+        return comm.Dup()
+    if isinstance(comm, (list, tuple, range)):
+        ranks = [int(r) for r in comm]
+        world = MPI.COMM_WORLD
+        bad = [r for r in ranks if not 0 <= r < world.Get_size()]
+        if bad or len(set(ranks)) != len(ranks) or not ranks:
+            raise ValueError(f"init(comm={list(comm)!r}): ranks must be distinct and within "
+                             f"0..{world.Get_size() - 1}")
+        if world.Get_rank() not in ranks:
+            raise ValueError(f"init(comm={ranks!r}): world rank {world.Get_rank()} is not in "
+                             "that list; only the listed ranks may call init() with it")
+        group = world.Get_group().Incl(ranks)
+        sub = world.Create_group(group)
+        group.Free()
+        return sub
+    raise TypeError(f"init(comm=...) takes an mpi4py communicator or a list of world ranks, "
+                    f"not {type(comm).__name__}")
+
+
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
+    """Initialise mpitrain: communicators, topology, device binding and the engine.
+
+    Every rank of ``comm`` must call this, in the same order (it is collective).  Calling it
+    again while initialised does nothing.
+
+    Args:
+        comm: ``None`` for MPI_COMM_WORLD, an mpi4py communicator (duplicated), or a list of
+            world ranks that form the job.
+        process_sets: ProcessSet objects to register now (every rank passes the same list), or
+            ``"dynamic"`` (accepted for Horovod compatibility: sets may always be added later).
+
+    Raises:
+        ValueError: this process is not part of ``comm``, or the rank list is malformed.
+        TypeError: ``comm`` is neither a communicator nor a list of ranks.
+    """
+    global _state, _atexit_registered
+    with _lock:
+        if _state is not None:
+            return
+        MPI = _mpi.load()
+        cfg = config_module.load()
+        job_comm = _resolve_comm(MPI, comm)
+        spans_world = job_comm.Get_size() == MPI.COMM_WORLD.Get_size()
+        topo, comms = topology.build(job_comm, emulated_local_size=cfg.local_size,
+                                     use_launcher_env=spans_world)
+        device = binding.bind_device(topo.local_rank) if cfg.bind_device else None
+        threads = binding.set_cpu_threads(topo.machine_local_size) if cfg.set_cpu_threads else None
+
+        from .engine.engine import Engine
+
+        engine = Engine(cfg, topo, comms)
+        _state = State(config=cfg, topology=topo, comms=comms, engine=engine,
+                       thread_level=MPI.Query_thread(), device=device, cpu_threads=threads)
+        engine.start()
+        if cfg.abort_on_error:
+            _install_abort_hook()
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+
+    from . import process_sets as ps_module
+
+    ps_module.on_init(process_sets)
+
+
+def shutdown() -> None:
+    """Stop the engine and free mpitrain's communicators; requests in flight fail.
+
+    Safe to call more than once, and called automatically at interpreter exit.
+    """
+    global _state
+    with _lock:
+        state, _state = _state, None
+    if state is None:
+        return
+    from . import process_sets as ps_module
+
+    try:
+        state.engine.stop()
+    finally:
+        ps_module.on_shutdown()
+        state.comms.free()
+
+
+def is_initialized() -> bool:
+    """Return True between init() and shutdown()."""
+    return _state is not None
+
+
+def state() -> State:
+    """Return the running state or raise the not-initialised ValueError."""
+    current = _state
+    if current is None:
+        raise not_initialized()
+    return current
+
+
+def rank() -> int:
+    """Index of this process in the job, 0..size()-1."""
+    return state().topology.rank
+
+
+def size() -> int:
+    """Number of processes in the job."""
+    return state().topology.size
+
+
+def local_rank() -> int:
+    """Index of this process among the processes of its node."""
+    return state().topology.local_rank
+
+
+def local_size() -> int:
+    """Number of processes on this node."""
+    return state().topology.local_size
+
+
+def cross_rank() -> int:
+    """Index of this node among the nodes holding a process with this local rank."""
+    return state().topology.cross_rank
+
+
+def cross_size() -> int:
+    """Number of nodes holding a process with this local rank."""
+    return state().topology.cross_size
+
+
+def is_homogeneous() -> bool:
+    """True when every node runs the same number of processes."""
+    return state().topology.is_homogeneous
+
+
+def mpi_threads_supported() -> bool:
+    """True when MPI runs with MPI_THREAD_MULTIPLE."""
+    MPI = _mpi.load()
+    return state().thread_level >= MPI.THREAD_MULTIPLE
+
+
+def mpi_enabled() -> bool:
+    """True: mpitrain always talks MPI at run time."""
+    state()
+    return True
+
+
+def gloo_enabled() -> bool:
+    """False: mpitrain has no Gloo controller (Gloo is only a peer in benchmarks)."""
+    state()
+    return False
+
+
+# Build facts describe this installation, not a running job, so (as in Horovod) they answer
+# before init() too.
+
+
+def mpi_built() -> bool:
+    """True: MPI support is always part of mpitrain."""
+    return True
+
+
+def gloo_built() -> bool:
+    """False: mpitrain does not use Gloo."""
+    return False
+
+
+def nccl_built() -> bool:
+    """False: mpitrain reduces on the GPU with its own kernels, not NCCL."""
+    return False
+
+
+def cuda_built() -> bool:
+    """True when the CUDA data plane can run here (cupy importable and a GPU visible)."""
+    try:
+        import cupy  # noqa: F401
+    except Exception:  # noqa: BLE001 - missing or broken cupy both mean no CUDA path
+        return False
+    return binding.cuda_device_count() > 0
+
+
+def rocm_built() -> bool:
+    """False: no ROCm data plane."""
+    return False
+
+
+def _install_abort_hook() -> None:
+    """Make an uncaught exception on any rank end the whole job, naming the rank.
+
+    Without this, the other ranks sit in their next collective forever.
+    """
+    global _hook_installed
+    if _hook_installed:
+        return
+    _hook_installed = True
+    previous = sys.excepthook
+
+    def abort_on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
+        current = _state
+        try:
+            previous(exc_type, exc, tb)
+        except Exception:  # noqa: BLE001 - never let printing stop the abort
+            traceback.print_exception(exc_type, exc, tb)
+        if current is None or current.topology.size == 1 or not current.config.abort_on_error:
+            return
+        if issubclass(exc_type, KeyboardInterrupt):
+            return
+        topo = current.topology
+        sys.stderr.write(f"mpitrain: rank {topo.rank} of {topo.size} (host {topo.hostname}) "
+                         f"raised {exc_type.__name__}; aborting all ranks.\n")
+        sys.stderr.flush()
+        sys.stdout.flush()
+        MPI = _mpi.load()
+        MPI.COMM_WORLD.Abort(1)
+
+    sys.excepthook = abort_on_uncaught
