@@ -1,0 +1,354 @@
+"""The background engine: one thread owns all communication of this process.
+
+Callers submit named requests and get handles back at once.  The thread runs cycles; a cycle
+is one negotiation round per process set this rank belongs to, in set-id order, each followed
+by the execution of what that round decided.  Because every member runs the same rounds in the
+same order, collectives match across ranks without any further coordination.
+
+The thread never spins: between cycles it sleeps on a condition variable that a submission
+wakes, for the cycle time while anything is pending somewhere and for a growing idle interval
+(up to ``_IDLE_MAX_S``) otherwise.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import ops, topology
+from ..config import Config
+from ..errors import MpitrainInternalError
+from .executor import Executor
+from .negotiation import Negotiator, Response
+from .request import Completion, Handle, Kind, Request
+from .timeline import Timeline
+
+_IDLE_MAX_S = 0.05
+_BURST_GAP_S = 5e-5  # a submission gap this long ends a burst
+GLOBAL_SET_ID = 0
+
+
+@dataclass(eq=False)
+class SetState:
+    """One process set as the engine sees it on this rank."""
+
+    id: int
+    world_ranks: list[int]
+    member: bool
+    group: ops.Group | None = None
+    negotiator: Negotiator | None = None
+    executor: Executor | None = None
+    name_counters: dict[Kind, int] = field(default_factory=dict)
+
+    @property
+    def rank(self) -> int:
+        assert self.group is not None
+        return self.group.rank
+
+    def close(self) -> None:
+        if self.negotiator is not None:
+            with contextlib.suppress(Exception):  # teardown is best effort
+                self.negotiator.comm.Free()
+        if self.group is not None:
+            self.group.close()
+
+
+class Engine:
+    def __init__(self, config: Config, topo: topology.Topology,
+                 comms: topology.Communicators) -> None:
+        self.config = config
+        self.topology = topo
+        self.completion = Completion()
+        self.timeline = Timeline(enabled_here=topo.rank == 0)
+        if config.timeline:
+            self.timeline.start(config.timeline, config.timeline_mark_cycles)
+        self._cond = threading.Condition(threading.Lock())
+        self._inbox: list[Request] = []
+        self._inflight: dict[int, set[str]] = {}
+        self._stopping = False
+        self._stopped = False
+        self._stop_reason = ""
+        self._fatal: BaseException | None = None
+        self._thread: threading.Thread | None = None
+        self._sets: dict[int, SetState] = {}
+        self._next_set_id = 1
+        self._add_set_state(GLOBAL_SET_ID, list(range(topo.size)), comms, topo)
+        self.cycles = 0
+
+    # ------------------------------------------------------------------ process sets
+    def _add_set_state(self, set_id: int, world_ranks: list[int],
+                       comms: topology.Communicators | None,
+                       topo: topology.Topology | None) -> SetState:
+        member = comms is not None
+        state = SetState(set_id, world_ranks, member)
+        if comms is not None:
+            assert topo is not None
+            state.group = ops.Group(comms, topo, self.config)
+            state.negotiator = Negotiator(
+                comms.world.Dup(), world_ranks, self.config.cache_capacity,
+                self.config.stall_check_time_seconds, self.config.stall_shutdown_time_seconds,
+                self.config.stall_check_disable)
+            state.executor = Executor(state.group, self.timeline, self.config.fusion_threshold)
+        with self._cond:
+            self._sets[set_id] = state
+            self._inflight.setdefault(set_id, set())
+        return state
+
+    def process_set(self, set_id: int) -> SetState:
+        state = self._sets.get(set_id)
+        if state is None:
+            raise ValueError(f"process set {set_id} is not registered (removed, or never added)")
+        return state
+
+    def set_ids(self) -> list[int]:
+        return sorted(self._sets)
+
+    # ------------------------------------------------------------------ submission
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="mpitrain-engine", daemon=True)
+        self._thread.start()
+
+    def next_name(self, set_id: int, kind: Kind) -> str:
+        """A name for an unnamed request: identical programs produce identical names."""
+        state = self.process_set(set_id)
+        with self._cond:
+            n = state.name_counters.get(kind, 0)
+            state.name_counters[kind] = n + 1
+        suffix = "" if set_id == GLOBAL_SET_ID else f".set{set_id}"
+        return f"{kind.label}.noname.{n}{suffix}"
+
+    def submit(self, request: Request) -> Handle:
+        """Queue ``request`` for negotiation and return its handle.
+
+        Raises:
+            ValueError: a request of the same name is still in flight, or this rank is not
+                a member of the request's process set.
+            MpitrainInternalError: the engine has stopped.
+        """
+        handle = Handle(self.completion, request)
+        request.handle = handle
+        with self._cond:
+            if self._stopped or self._stopping:
+                raise MpitrainInternalError(self._stop_reason or "mpitrain has been shut down; "
+                                            "call mpitrain.init() again to use it")
+            state = self._sets.get(request.process_set_id)
+            if state is None:
+                raise ValueError(f"process set {request.process_set_id} is not registered")
+            if not state.member:
+                raise ValueError(f"rank {self.topology.rank} is not a member of process set "
+                                 f"{request.process_set_id} (ranks {state.world_ranks})")
+            names = self._inflight[request.process_set_id]
+            if request.name in names:
+                raise ValueError(f"a request named '{request.name}' is already in flight; "
+                                 "names must be unique until synchronized")
+            names.add(request.name)
+            self._inbox.append(request)
+            if len(self._inbox) == 1:
+                self._cond.notify()
+        return handle
+
+    def stop(self) -> None:
+        """Stop the thread; every rank's pending requests fail; returns when it has ended."""
+        with self._cond:
+            if self._thread is None:
+                self._stopped = True
+                return
+            self._stopping = True
+            self._cond.notify()
+        self._thread.join()
+        self.timeline.stop()
+        for state in self._sets.values():
+            state.close()
+
+    # ------------------------------------------------------------------ the thread
+    def _run(self) -> None:
+        someone_pending = False
+        idle = self.config.cycle_time_ms / 1e3
+        try:
+            while True:
+                self._sleep(someone_pending, idle)
+                idle = min(_IDLE_MAX_S, max(idle * 2, 1e-3)) if not someone_pending \
+                    else self.config.cycle_time_ms / 1e3
+                self.cycles += 1
+                self.timeline.cycle(time.monotonic())
+                someone_pending, stop = self._cycle()
+                if stop:
+                    self._finish_all(self._stop_reason or "mpitrain was shut down on some rank "
+                                     "while this request was in flight")
+                    return
+        except BaseException as exc:  # noqa: BLE001 - reported to every waiter
+            self._fatal = exc
+            sys.stderr.write(f"mpitrain: rank {self.topology.rank}: engine failed: "
+                             f"{type(exc).__name__}: {exc}\n")
+            self._finish_all(f"mpitrain engine failed on rank {self.topology.rank}: "
+                             f"{type(exc).__name__}: {exc}")
+
+    def _sleep(self, someone_pending: bool, idle: float) -> None:
+        """Wait for work; then, while a burst of submissions continues, keep collecting.
+
+        A burst (1,000 gradients in a backward pass) is gathered for up to the cycle time so it
+        travels in a few fused buckets; a lone synchronous call goes out after one short gap.
+        """
+        cycle = self.config.cycle_time_ms / 1e3
+        with self._cond:
+            if not self._inbox and not self._stopping:
+                self._cond.wait(cycle if someone_pending else idle)
+            if not self._inbox or self._stopping:
+                return
+            deadline = time.monotonic() + cycle
+            seen = len(self._inbox)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return
+                self._cond.wait(min(remaining, _BURST_GAP_S))
+                if len(self._inbox) == seen or self._stopping:
+                    return
+                seen = len(self._inbox)
+
+    def _cycle(self) -> tuple[bool, bool]:
+        """One round for every set this rank is in; returns (someone pending, stop)."""
+        with self._cond:
+            inbox, self._inbox = self._inbox, []
+            stopping = self._stopping
+            sets = [self._sets[i] for i in sorted(self._sets)]
+        for request in inbox:
+            state = self._sets.get(request.process_set_id)
+            if state is None or state.negotiator is None:
+                self._fail_now([request], f"process set {request.process_set_id} was removed")
+                continue
+            state.negotiator.add(request)
+        someone_pending = False
+        for state in sets:
+            if state.negotiator is None or state.id not in self._sets:
+                continue
+            result = state.negotiator.round(stopping)
+            someone_pending |= result.someone_pending
+            self._execute(state, result.responses)
+            if result.someone_stopping and state.id == GLOBAL_SET_ID:
+                return someone_pending, True
+        return someone_pending, False
+
+    def _execute(self, state: SetState, responses: list[Response]) -> None:
+        assert state.executor is not None and state.negotiator is not None
+        data: list[Response] = []
+        done: list[Response] = []
+        for resp in responses:
+            if resp.error is not None:
+                if resp.request is not None and resp.request.handle is not None:
+                    resp.request.handle.fail(MpitrainInternalError(resp.error))
+                done.append(resp)
+            elif resp.kind == Kind.JOIN:
+                if resp.request is not None:
+                    resp.request.entries = []
+                    if resp.request.handle is not None:
+                        resp.request.handle.result = state.world_ranks[resp.last_joined]
+                done.append(resp)
+            elif resp.kind in (Kind.ADD_SET, Kind.REMOVE_SET):
+                self._control(resp)
+                done.append(resp)
+            else:
+                data.append(resp)
+        if data:
+            state.executor.run(data)
+            for resp in data:
+                state.negotiator.remember(resp)
+        self._complete(state, done + data)
+
+    def _control(self, resp: Response) -> None:
+        """Add or remove a process set, at the same point of the global order everywhere."""
+        assert resp.request is not None or resp.error is not None
+        payload = resp.meta[7]
+        if resp.kind == Kind.ADD_SET:
+            ranks = list(payload)
+            set_id = self._next_set_id
+            self._next_set_id += 1
+            world = self._sets[GLOBAL_SET_ID].group
+            assert world is not None
+            member = self.topology.rank in ranks
+            sub = world.comm.Split(0 if member else _undefined(), key=ranks.index(
+                self.topology.rank) if member else 0)
+            if member:
+                topo, comms = topology.build_subset(sub, self.topology, ranks)
+                self._add_set_state(set_id, ranks, comms, topo)
+            else:
+                self._add_set_state(set_id, ranks, None, None)
+            if resp.request is not None and resp.request.handle is not None:
+                resp.request.handle.result = set_id
+            return
+        set_id = int(payload)
+        with self._cond:
+            state = self._sets.pop(set_id, None)
+            names = self._inflight.pop(set_id, set())
+        if state is None:
+            if resp.request is not None and resp.request.handle is not None:
+                resp.request.handle.fail(ValueError(f"process set {set_id} is not registered"))
+            return
+        if state.negotiator is not None:
+            self._fail_now(state.negotiator.drop_all(), f"process set {set_id} was removed")
+        with self._cond:
+            names.clear()
+        state.close()
+        if resp.request is not None and resp.request.handle is not None:
+            resp.request.handle.result = True
+
+    def _complete(self, state: SetState, responses: list[Response]) -> None:
+        handles = []
+        with self._cond:
+            names = self._inflight.get(state.id, set())
+            for resp in responses:
+                request = resp.request
+                if request is None:
+                    continue
+                names.discard(request.name)
+                if request.handle is not None:
+                    handles.append(request.handle)
+        if handles:
+            self.completion.finish(handles)
+
+    def _fail_now(self, requests: list[Request], message: str) -> None:
+        handles = []
+        with self._cond:
+            for request in requests:
+                self._inflight.get(request.process_set_id, set()).discard(request.name)
+                if request.handle is not None:
+                    request.handle.fail(MpitrainInternalError(
+                        f"{request.kind.label} '{request.name}': {message}"))
+                    handles.append(request.handle)
+        self.completion.finish(handles)
+
+    def _finish_all(self, message: str) -> None:
+        """Fail everything still queued or pending, and refuse new submissions."""
+        with self._cond:
+            self._stopped = True
+            self._stop_reason = message
+            leftovers = self._inbox
+            self._inbox = []
+        for state in list(self._sets.values()):
+            if state.negotiator is not None:
+                leftovers.extend(state.negotiator.drop_all())
+        self._fail_now(leftovers, message)
+
+    # ------------------------------------------------------------------ introspection
+    def stats(self) -> dict[str, Any]:
+        """Counters for tests and benchmarks (global set)."""
+        state = self._sets[GLOBAL_SET_ID]
+        assert state.negotiator is not None and state.executor is not None
+        return {
+            "cycles": self.cycles,
+            "rounds": state.negotiator.rounds,
+            "announcement_rounds": state.negotiator.announcement_rounds,
+            "collectives": state.executor.collectives,
+            "fused_tensors": state.executor.fused_tensors,
+            "cached": len(state.negotiator.cache),
+        }
+
+
+def _undefined() -> int:
+    from mpi4py import MPI
+
+    return int(MPI.UNDEFINED)

@@ -1,0 +1,251 @@
+"""Run the decisions of one round on the data plane: fuse, pack, call ops/, unpack.
+
+Every rank runs the same responses in the same order, so every collective issued here matches
+its peers.  A joined rank, which has no tensor for an allreduce, contributes zeros of the
+negotiated shape.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import ops
+from ..ops.types import STORAGE, ReduceOp
+from .fusion import Piece, plan
+from .negotiation import Response
+from .request import Entry, Kind, Request
+from .timeline import Timeline
+
+Finish = Callable[[Response], None]
+
+
+def _flat(a: np.ndarray) -> np.ndarray:
+    return a.reshape(-1)
+
+
+def _zeros_entries(meta: tuple[Any, ...]) -> list[Entry]:
+    """Entries a joined rank uses for an allreduce it never submitted: zeros."""
+    entries = []
+    for dtype, _ndim, shape in meta[6]:
+        zeros = np.zeros(shape, dtype=STORAGE[dtype])
+        entries.append(Entry(input=zeros, shape=tuple(shape), dtype=dtype,
+                             output=np.empty_like(zeros)))
+    return entries
+
+
+class Executor:
+    """Turns one process set's responses into data-plane calls."""
+
+    def __init__(self, group: ops.Group, timeline: Timeline, fusion_threshold: int) -> None:
+        self.group = group
+        self.timeline = timeline
+        self.fusion_threshold = fusion_threshold
+        self.collectives = 0  # data-plane calls issued, for tests and the overhead benchmark
+        self.fused_tensors = 0
+
+    # ------------------------------------------------------------------------ entry point
+    def run(self, responses: list[Response]) -> None:
+        """Execute the data-carrying responses of a round (errors/control handled by caller)."""
+        allreduce: list[tuple[Any, Piece]] = []
+        broadcast: list[tuple[Any, Piece]] = []
+        others: list[Response] = []
+        for resp in responses:
+            kind = resp.kind
+            if kind == Kind.ALLREDUCE:
+                request = resp.request
+                entries = request.entries if request is not None else _zeros_entries(resp.meta)
+                op, pre, post = ReduceOp(resp.meta[1]), resp.meta[2], resp.meta[3]
+                if op == ReduceOp.AVERAGE:
+                    op, post = ReduceOp.SUM, post / self.group.size
+                for i, e in enumerate(entries):
+                    assert e.input is not None and e.output is not None
+                    piece = Piece(resp, i, _flat(e.input), _flat(e.output), e.dtype)
+                    allreduce.append(((e.dtype, op, pre, post, resp.meta[5]), piece))
+            elif kind == Kind.BROADCAST:
+                assert resp.request is not None
+                for i, e in enumerate(resp.request.entries):
+                    assert e.output is not None
+                    src = e.input if e.input is not None else e.output
+                    broadcast.append((resp.meta[4], Piece(resp, i, _flat(src), _flat(e.output),
+                                                          e.dtype)))
+            else:
+                others.append(resp)
+        for bucket in plan(allreduce, self.fusion_threshold):
+            self._allreduce(bucket)
+        for bucket in plan(broadcast, self.fusion_threshold):
+            self._broadcast(bucket)
+        for resp in others:
+            self._single(resp)
+
+    # -------------------------------------------------------------------------- allreduce
+    def _allreduce(self, bucket: list[Piece]) -> None:
+        dtype, op, pre, post = bucket[0].dtype, None, None, None
+        meta = bucket[0].response.meta
+        op = ReduceOp(meta[1])
+        pre, post = meta[2], meta[3]
+        if op == ReduceOp.AVERAGE:
+            op, post = ReduceOp.SUM, post / self.group.size
+        started = time.monotonic()
+        self._queued(bucket, started)
+        if len(bucket) == 1:
+            piece = bucket[0]
+            ops.allreduce(self.group, piece.input, piece.output, dtype, op, pre, post)
+            self._span(bucket, "ALLREDUCE", started, time.monotonic())
+            self.collectives += 1
+            return
+        total = sum(p.nbytes for p in bucket)
+        fused = self.group.fusion_buffer(total).view(STORAGE[dtype])
+        offset = 0
+        for p in bucket:
+            n = p.input.size
+            fused[offset:offset + n] = p.input
+            offset += n
+        packed = time.monotonic()
+        ops.allreduce(self.group, fused, fused, dtype, op, pre, post)
+        reduced = time.monotonic()
+        offset = 0
+        for p in bucket:
+            n = p.output.size
+            p.output[...] = fused[offset:offset + n]
+            offset += n
+        done = time.monotonic()
+        self.collectives += 1
+        self.fused_tensors += len(bucket)
+        if self.timeline.active:
+            self._span(bucket, "MEMCPY_IN_FUSION_BUFFER", started, packed)
+            self._span(bucket, "ALLREDUCE", packed, reduced,
+                       {"bucket_bytes": total, "tensors": len(bucket)})
+            self._span(bucket, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
+
+    # -------------------------------------------------------------------------- broadcast
+    def _broadcast(self, bucket: list[Piece]) -> None:
+        root = int(bucket[0].response.meta[4])
+        is_root = self.group.rank == root
+        started = time.monotonic()
+        self._queued(bucket, started)
+        if len(bucket) == 1:
+            p = bucket[0]
+            if is_root and p.input is not p.output:
+                p.output[...] = p.input
+            ops.broadcast(self.group, p.output.view(np.uint8), root)
+            self._span(bucket, "BROADCAST", started, time.monotonic())
+            self.collectives += 1
+            return
+        total = sum(p.nbytes for p in bucket)
+        fused = self.group.fusion_buffer(total)
+        offset = 0
+        if is_root:
+            for p in bucket:
+                fused[offset:offset + p.nbytes] = p.input.view(np.uint8)
+                if p.input is not p.output:
+                    p.output[...] = p.input
+                offset += p.nbytes
+        ops.broadcast(self.group, fused, root)
+        if not is_root:
+            offset = 0
+            for p in bucket:
+                p.output.view(np.uint8)[...] = fused[offset:offset + p.nbytes]
+                offset += p.nbytes
+        self.collectives += 1
+        self.fused_tensors += len(bucket)
+        self._span(bucket, "BROADCAST", started, time.monotonic(),
+                   {"bucket_bytes": total, "tensors": len(bucket)})
+
+    # ---------------------------------------------------------------- one-at-a-time ops
+    def _single(self, resp: Response) -> None:
+        request = resp.request
+        assert request is not None
+        started = time.monotonic()
+        kind = resp.kind
+        if kind == Kind.BARRIER:
+            # Negotiation only decides a barrier once every rank has entered it.
+            self._span_request(resp, "BARRIER", started, started)
+            return
+        for entry in request.entries:
+            if kind == Kind.ALLGATHER:
+                self._allgather(entry)
+            elif kind == Kind.ALLTOALL:
+                self._alltoall(entry)
+            elif kind == Kind.REDUCESCATTER:
+                self._reducescatter(request, entry)
+            else:
+                raise AssertionError(f"no executor for {kind!r}")
+            self.collectives += 1
+        self._span_request(resp, kind.name, started, time.monotonic())
+
+    def _allocate(self, entry: Entry, shape: tuple[int, ...]) -> np.ndarray:
+        assert entry.allocate is not None
+        out = entry.allocate(shape)
+        entry.output = out
+        return out
+
+    def _allgather(self, entry: Entry) -> None:
+        assert entry.input is not None
+        rows = entry.shape[0] if entry.shape else 1
+        counts = ops.allgather_int(self.group, rows)
+        row_shape = entry.shape[1:]
+        out = self._allocate(entry, (sum(counts), *row_shape))
+        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * STORAGE[entry.dtype].itemsize
+        ops.allgather(self.group, _flat(entry.input), _flat(out), [c * row_bytes for c in counts])
+
+    def _alltoall(self, entry: Entry) -> None:
+        assert entry.input is not None and entry.splits is not None
+        received = ops.alltoall_int(self.group, entry.splits)
+        row_shape = entry.shape[1:]
+        out = self._allocate(entry, (sum(received), *row_shape))
+        row_bytes = int(np.prod(row_shape, dtype=np.int64)) * STORAGE[entry.dtype].itemsize
+        ops.alltoall(self.group, _flat(entry.input), [s * row_bytes for s in entry.splits],
+                     _flat(out), [r * row_bytes for r in received])
+        entry.received_splits = tuple(received)
+
+    def _reducescatter(self, request: Request, entry: Entry) -> None:
+        assert entry.input is not None
+        size = self.group.size
+        n = entry.shape[0]
+        rows = [n // size + (1 if r < n % size else 0) for r in range(size)]
+        row_shape = entry.shape[1:]
+        row_elems = int(np.prod(row_shape, dtype=np.int64))
+        out = self._allocate(entry, (rows[self.group.rank], *row_shape))
+        op, post = request.op, request.postscale
+        if op == ReduceOp.AVERAGE:
+            op, post = ReduceOp.SUM, post / size
+        ops.reducescatter(self.group, _flat(entry.input), _flat(out),
+                          [r * row_elems for r in rows], entry.dtype, op, request.prescale, post)
+
+    # ---------------------------------------------------------------------- timeline
+    def _queued(self, bucket: list[Piece], started: float) -> None:
+        if not self.timeline.active:
+            return
+        seen = set()
+        for p in bucket:
+            resp = p.response
+            if id(resp) in seen:
+                continue
+            seen.add(id(resp))
+            if resp.request is not None:
+                self.timeline.span(resp.name, f"NEGOTIATE_{resp.kind.name}",
+                                   resp.request.submitted_at, resp.decided_at)
+            self.timeline.span(resp.name, "QUEUE", resp.decided_at, started)
+
+    def _span(self, bucket: list[Piece], phase: str, start: float, end: float,
+              args: dict[str, Any] | None = None) -> None:
+        if not self.timeline.active:
+            return
+        seen = set()
+        for p in bucket:
+            if id(p.response) not in seen:
+                seen.add(id(p.response))
+                self.timeline.span(p.response.name, phase, start, end, args)
+
+    def _span_request(self, resp: Response, phase: str, start: float, end: float) -> None:
+        if not self.timeline.active:
+            return
+        if resp.request is not None:
+            self.timeline.span(resp.name, f"NEGOTIATE_{resp.kind.name}",
+                               resp.request.submitted_at, resp.decided_at)
+        self.timeline.span(resp.name, "QUEUE", resp.decided_at, start)
+        self.timeline.span(resp.name, phase, start, end)

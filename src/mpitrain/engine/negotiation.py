@@ -1,0 +1,372 @@
+"""Negotiation: agree, every cycle, which requests all ranks of a process set have submitted.
+
+One round per cycle per process set, on a communicator used for nothing else:
+
+1. **Header** (one non-blocking AND-allreduce of a few words): the cache bits of this rank's
+   pending repeats (AND: ready everywhere), stale cache bits (OR), and flags (OR: someone has
+   new requests to announce / is stopping / has pending work / suspects a stall).  OR values
+   travel inverted so one AND-reduction carries both.  In steady-state training this is the
+   whole exchange: a few hundred bytes however many tensors there are.
+2. **Announcements**, only when someone has new names: every rank's new (name, meta) pairs are
+   all-gathered.  Every rank applies them to an identical table, so all ranks take the same
+   decisions without a coordinator.
+3. **Decisions**: cached bits set everywhere, then table entries every (non-joined) rank has
+   announced, in announcement order.  Mismatched metas become errors, on every rank at once.
+
+Joined ranks (``join()``) set every cache bit and count as having announced everything, so the
+others' allreduces proceed with zeros from them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from ..errors import MpitrainInternalError
+from .cache import ResponseCache
+from .request import Kind, Request, describe_mismatch
+
+# Flags carried in the OR word of the header.
+F_ANNOUNCE = 1
+F_STOP = 2
+F_PENDING = 4
+F_STALL = 8
+F_JOINED = 16
+_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+
+UNCACHED_KINDS = (Kind.JOIN, Kind.ADD_SET, Kind.REMOVE_SET)
+
+
+@dataclass
+class Response:
+    """A decision of one round, identical on every rank of the set."""
+
+    name: str
+    meta: tuple[Any, ...]
+    request: Request | None  # None on a joined rank that did not submit it
+    error: str | None = None
+    joined: frozenset[int] = frozenset()
+    from_table: bool = False
+    last_joined: int = -1
+    decided_at: float = field(default_factory=time.monotonic)
+
+    @property
+    def kind(self) -> Kind:
+        return Kind(self.meta[0])
+
+
+@dataclass
+class RoundResult:
+    responses: list[Response]
+    someone_stopping: bool
+    someone_pending: bool
+
+
+def wait_for(request: Any, on_slow: Callable[[float], None] | None = None,
+             slow_after: float = 0.0) -> None:
+    """Complete a non-blocking MPI request without spinning the CPU.
+
+    A few yields first (the common case: the others are a few microseconds behind), then
+    sleeps growing to 1 ms, so that with more ranks than cores the waiting rank gives its core
+    to the rank everyone is waiting for.
+    """
+    if request.Test():
+        return
+    start = time.monotonic()
+    next_report = start + slow_after if on_slow is not None and slow_after > 0 else None
+    polls = 0
+    while not request.Test():
+        polls += 1
+        if polls < 64:
+            os.sched_yield()
+        else:
+            time.sleep(min(1e-3, 2e-5 * (polls - 63)))
+        if next_report is not None and time.monotonic() >= next_report:
+            assert on_slow is not None
+            on_slow(time.monotonic() - start)
+            next_report += slow_after
+
+
+class Negotiator:
+    """The negotiation state of one process set on this rank (used by the engine thread only)."""
+
+    def __init__(self, comm: Any, world_ranks: list[int], cache_capacity: int,
+                 stall_warn_s: float, stall_shutdown_s: float, stall_disabled: bool) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.world_ranks = world_ranks
+        self.cache = ResponseCache(cache_capacity)
+        self.pending: dict[str, Request] = {}
+        self.unannounced: list[Request] = []
+        self.hits: dict[int, Request] = {}  # cache bit -> pending repeat
+        self.stale: set[int] = set()
+        self.table: dict[str, dict[int, tuple[Any, ...]]] = {}
+        self.joined: list[int] = []  # ranks of the set, in the order they joined
+        self.stall_warn_s = stall_warn_s
+        self.stall_shutdown_s = stall_shutdown_s
+        self.stall_disabled = stall_disabled or stall_warn_s <= 0
+        self._last_stall_check = time.monotonic()
+        self.rounds = 0
+        self.announcement_rounds = 0
+
+    # ----------------------------------------------------------------- local bookkeeping
+    def add(self, request: Request) -> None:
+        """Take a newly submitted request into this set's negotiation."""
+        self.pending[request.name] = request
+        if request.kind not in UNCACHED_KINDS:
+            bit = self.cache.lookup(request.name)
+            if bit is not None:
+                cached = self.cache.entry(bit)
+                assert cached is not None
+                if cached[1] == request.meta():
+                    self.hits[bit] = request
+                    return
+                # Same name, different shape/dtype/...: everyone must forget this bit.
+                self.stale.add(bit)
+        self.unannounced.append(request)
+
+    def forget(self, request: Request) -> None:
+        self.pending.pop(request.name, None)
+
+    def drop_all(self) -> list[Request]:
+        """Remove and return every pending request (shutdown, removal of the set)."""
+        dropped = list(self.pending.values())
+        self.pending.clear()
+        self.unannounced.clear()
+        self.hits.clear()
+        return dropped
+
+    @property
+    def locally_joined(self) -> bool:
+        return self.rank in self.joined
+
+    # ------------------------------------------------------------------------ the round
+    def round(self, stopping: bool) -> RoundResult:
+        self.rounds += 1
+        nbits = self.cache.num_bits
+        nwords = (nbits + 63) // 64
+        header = np.zeros(2 * nwords + 1, dtype=np.uint64)
+        ready = header[:nwords]
+        if self.locally_joined:
+            ready[:] = _ALL_ONES
+        else:
+            for bit in self.hits:
+                ready[bit >> 6] |= np.uint64(1 << (bit & 63))
+        stale = np.zeros(nwords, dtype=np.uint64)
+        for bit in self.stale:
+            stale[bit >> 6] |= np.uint64(1 << (bit & 63))
+        flags = 0
+        if self.unannounced:
+            flags |= F_ANNOUNCE
+        if stopping:
+            flags |= F_STOP
+        if self.pending:
+            flags |= F_PENDING
+        if self._stall_due():
+            flags |= F_STALL
+        header[nwords:2 * nwords] = ~stale
+        header[2 * nwords] = ~np.uint64(flags)
+
+        req = self.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.BAND)
+        wait_for(req, self._report_slow_round, self.stall_warn_s if not self.stall_disabled
+                 else 0.0)
+
+        ready_everywhere = header[:nwords]
+        stale_anywhere = ~header[nwords:2 * nwords]
+        flags_any = int(~header[2 * nwords])
+
+        self._evict(stale_anywhere, nbits)
+        # Ranks that set every bit in this header: those joined before this round.
+        joined_before = frozenset(self.joined)
+        responses: list[Response] = []
+        if flags_any & F_ANNOUNCE or stale_anywhere.any():
+            self._exchange_announcements()
+        responses.extend(self._cached_ready(ready_everywhere & ~stale_anywhere, nbits,
+                                            joined_before))
+        responses.extend(self._table_ready())
+        if flags_any & F_STALL:
+            responses.extend(self._inspect_stalls())
+        return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING))
+
+    def _evict(self, stale_anywhere: np.ndarray, nbits: int) -> None:
+        for bit in _set_bits(stale_anywhere, nbits):
+            self.cache.evict(bit)
+            request = self.hits.pop(bit, None)
+            if request is not None:
+                self.unannounced.append(request)
+        self.stale.clear()
+
+    def _exchange_announcements(self) -> None:
+        self.announcement_rounds += 1
+        mine = [(r.name, r.meta()) for r in self.unannounced]
+        self.unannounced.clear()
+        for rank, items in enumerate(self.comm.allgather(mine)):
+            for name, meta in items:
+                self.table.setdefault(name, {})[rank] = meta
+                if meta[0] == Kind.JOIN and rank not in self.joined:
+                    self.joined.append(rank)
+
+    def _cached_ready(self, ready: np.ndarray, nbits: int,
+                      joined: frozenset[int]) -> list[Response]:
+        out = []
+        for bit in _set_bits(ready, nbits):
+            cached = self.cache.entry(bit)
+            if cached is None:
+                continue
+            name, meta = cached
+            request = self.hits.pop(bit, None)
+            if request is not None:
+                self.pending.pop(name, None)
+            out.append(Response(name, meta, request, error=self._joined_error(name, meta, joined),
+                                joined=joined))
+        return out
+
+    def _table_ready(self) -> list[Response]:
+        out = []
+        joined = frozenset(self.joined)
+        everyone = set(range(self.size))
+        for name in list(self.table):
+            by_rank = self.table[name]
+            first_rank = min(by_rank)  # the lowest rank is the reference in messages
+            first_meta = by_rank[first_rank]
+            if first_meta[0] == Kind.JOIN:
+                if set(by_rank) != everyone:
+                    continue
+                last = self.joined[-1]
+                self.joined.clear()
+            elif not set(by_rank) | joined >= everyone:
+                continue
+            else:
+                last = -1
+            del self.table[name]
+            request = self.pending.pop(name, None)
+            error = None
+            for rank, meta in sorted(by_rank.items()):
+                if meta != first_meta:
+                    error = describe_mismatch(name, first_meta, first_rank, meta, rank)
+                    break
+            if error is None and first_meta[0] != Kind.JOIN:
+                error = self._joined_error(name, first_meta, joined - set(by_rank))
+            out.append(Response(name, first_meta, request, error=error,
+                                joined=joined - set(by_rank) if first_meta[0] != Kind.JOIN
+                                else frozenset(), from_table=True, last_joined=last))
+        return out
+
+    def _joined_error(self, name: str, meta: tuple[Any, ...], joined: frozenset[int]) -> str | None:
+        if not joined or meta[0] in (Kind.ALLREDUCE, Kind.BARRIER, Kind.JOIN):
+            return None
+        ranks = sorted(self.world_ranks[r] for r in joined)
+        return (f"{Kind(meta[0]).label} '{name}' cannot run while rank(s) {ranks} have joined; "
+                "only allreduce and barrier continue after join()")
+
+    def remember(self, response: Response) -> None:
+        """Record that ``response`` ran: cache it if new, refresh it if cached.
+
+        Called for every response in execution order, identical on every rank.
+        """
+        if response.error is not None or response.kind in UNCACHED_KINDS:
+            return
+        if not response.from_table:
+            bit = self.cache.lookup(response.name)
+            if bit is not None:
+                self.cache.touch(bit)
+            return
+        _, evicted = self.cache.insert(response.name, response.meta)
+        if evicted is not None:
+            # Everyone evicted the same entry; a repeat already pending under it must now be
+            # announced instead.
+            request = self.hits.pop(evicted, None)
+            if request is not None:
+                self.unannounced.append(request)
+
+    # ---------------------------------------------------------------------------- stalls
+    def _stall_due(self) -> bool:
+        if self.stall_disabled or not self.pending:
+            return False
+        now = time.monotonic()
+        if now - self._last_stall_check < self.stall_warn_s:
+            return False
+        oldest = min(r.submitted_at for r in self.pending.values())
+        return now - oldest >= self.stall_warn_s
+
+    def _inspect_stalls(self) -> list[Response]:
+        """Tell which ranks are missing which tensors; fail them after the shutdown time."""
+        self._last_stall_check = time.monotonic()
+        now = time.monotonic()
+        mine = [(name, now - r.submitted_at, int(r.kind)) for name, r in self.pending.items()]
+        gathered = self.comm.allgather(mine)
+        have: dict[str, set[int]] = {}
+        age: dict[str, float] = {}
+        kinds: dict[str, int] = {}
+        for rank, items in enumerate(gathered):
+            for name, waited, kind in items:
+                have.setdefault(name, set()).add(rank)
+                age[name] = max(age.get(name, 0.0), waited)
+                kinds[name] = kind
+        joined = set(self.joined)
+        lines = []
+        failed: list[Response] = []
+        for name in sorted(have, key=lambda n: -age[n]):
+            if kinds[name] == Kind.JOIN:
+                missing = sorted(set(range(self.size)) - have[name])
+            else:
+                missing = sorted(set(range(self.size)) - have[name] - joined)
+            if not missing or age[name] < self.stall_warn_s:
+                continue
+            missing_world = [self.world_ranks[r] for r in missing]
+            lines.append(f"  {Kind(kinds[name]).label} '{name}' waited {age[name]:.0f} s; "
+                         f"missing ranks: {missing_world}")
+            if self.stall_shutdown_s > 0 and age[name] >= self.stall_shutdown_s:
+                failed.append(self._fail_stalled(name, missing_world, age[name]))
+        if lines and self.rank == 0:
+            sys.stderr.write(
+                "mpitrain: stall: some ranks submitted tensors that others have not for more "
+                f"than {self.stall_warn_s:.0f} s.  Different ranks may be submitting different "
+                "tensors, or only some ranks are submitting; that deadlocks.\n"
+                + "\n".join(lines) + "\n")
+            sys.stderr.flush()
+        return [f for f in failed if f.request is not None]
+
+    def _fail_stalled(self, name: str, missing: list[int], waited: float) -> Response:
+        request = self.pending.pop(name, None)
+        self.table.pop(name, None)
+        for bit, r in list(self.hits.items()):
+            if r is request:
+                del self.hits[bit]
+        if request in self.unannounced:
+            self.unannounced.remove(request)
+        meta = request.meta() if request is not None else ()
+        return Response(name, meta, request,
+                        error=f"'{name}' stalled for {waited:.0f} s waiting for ranks {missing}; "
+                              "giving up (MPITRAIN_STALL_SHUTDOWN_TIME_SECONDS)")
+
+    def _report_slow_round(self, waited: float) -> None:
+        if self.rank == 0:
+            sys.stderr.write(f"mpitrain: stall: negotiation has waited {waited:.0f} s for other "
+                             "ranks to reach the engine; a rank may be hung or busy outside "
+                             "Python for that long.\n")
+            sys.stderr.flush()
+
+
+def _set_bits(words: np.ndarray, nbits: int) -> list[int]:
+    bits = []
+    for w, value in enumerate(words.tolist()):
+        while value:
+            low = value & -value
+            bit = w * 64 + low.bit_length() - 1
+            if bit < nbits:
+                bits.append(bit)
+            value ^= low
+    return bits
+
+
+def internal_error(message: str) -> MpitrainInternalError:
+    return MpitrainInternalError(message)

@@ -1,0 +1,189 @@
+"""Requests the adapters submit, and the handles they wait on.
+
+A request is one named collective: a single tensor, or a group of tensors negotiated and
+executed together (Horovod's grouped ops).  Its ``meta`` is everything that must be equal on
+every rank for the collective to be well defined; the engine compares metas across ranks
+before anything moves.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import MpitrainInternalError
+from ..ops.types import ReduceOp
+
+
+class Kind(enum.IntEnum):
+    ALLREDUCE = 0
+    ALLGATHER = 1
+    BROADCAST = 2
+    ALLTOALL = 3
+    REDUCESCATTER = 4
+    BARRIER = 5
+    JOIN = 6
+    ADD_SET = 7
+    REMOVE_SET = 8
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+# Ops whose first dimension may differ between ranks (only the rest is negotiated).
+_RAGGED = (Kind.ALLGATHER, Kind.ALLTOALL)
+
+
+@dataclass(eq=False)
+class Entry:
+    """One tensor of a request, as flat storage arrays the data plane can use."""
+
+    input: np.ndarray | None
+    shape: tuple[int, ...]
+    dtype: str
+    output: np.ndarray | None = None  # preallocated (allreduce, broadcast) or filled later
+    allocate: Callable[[tuple[int, ...]], np.ndarray] | None = None
+    splits: tuple[int, ...] | None = None  # alltoall: rows sent to each rank
+    received_splits: tuple[int, ...] | None = None  # alltoall: rows received from each rank
+
+    def meta(self, kind: Kind) -> tuple[Any, ...]:
+        shape_key = self.shape[1:] if kind in _RAGGED else self.shape
+        return (self.dtype, len(self.shape), shape_key)
+
+
+@dataclass(eq=False)
+class Request:
+    """One negotiated collective."""
+
+    name: str
+    kind: Kind
+    entries: list[Entry]
+    op: ReduceOp = ReduceOp.SUM
+    prescale: float = 1.0
+    postscale: float = 1.0
+    root: int = -1  # rank within the process set
+    device: str = "cpu"
+    process_set_id: int = 0
+    payload: Any = None  # control requests: the ranks of a set to add / the id to remove
+    handle: Handle | None = None
+    submitted_at: float = field(default_factory=time.monotonic)
+
+    def meta(self) -> tuple[Any, ...]:
+        """What every rank must agree on before this request may run."""
+        return (int(self.kind), int(self.op), float(self.prescale), float(self.postscale),
+                int(self.root), self.device, tuple(e.meta(self.kind) for e in self.entries),
+                self.payload)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(e.input.nbytes for e in self.entries if e.input is not None)
+
+
+META_FIELDS = ("operation", "reduce op", "prescale factor", "postscale factor", "root rank",
+               "device", "tensors", "arguments")
+ENTRY_FIELDS = ("dtype", "number of dimensions", "shape")
+
+
+def describe_mismatch(name: str, meta_a: tuple[Any, ...], rank_a: int, meta_b: tuple[Any, ...],
+                      rank_b: int) -> str:
+    """Explain the first difference between two ranks' metas, naming both values."""
+    kind = Kind(meta_a[0]).label
+    for index, field_name in enumerate(META_FIELDS):
+        a, b = meta_a[index], meta_b[index]
+        if a == b:
+            continue
+        if field_name == "operation":
+            a, b = Kind(a).label, Kind(b).label
+        elif field_name == "reduce op":
+            a, b = ReduceOp(a).name.title(), ReduceOp(b).name.title()
+        elif field_name == "tensors":
+            return _describe_entries(name, kind, a, rank_a, b, rank_b)
+        return (f"mismatched {field_name} for {kind} '{name}': rank {rank_a} has {a}, "
+                f"rank {rank_b} has {b}")
+    return f"mismatched arguments for {kind} '{name}' between ranks {rank_a} and {rank_b}"
+
+
+def _describe_entries(name: str, kind: str, a: Sequence[Any], rank_a: int, b: Sequence[Any],
+                      rank_b: int) -> str:
+    if len(a) != len(b):
+        return (f"mismatched number of tensors for grouped {kind} '{name}': rank {rank_a} has "
+                f"{len(a)}, rank {rank_b} has {len(b)}")
+    for i, (ea, eb) in enumerate(zip(a, b)):
+        for j, field_name in enumerate(ENTRY_FIELDS):
+            if ea[j] != eb[j]:
+                where = f"tensor {i} of '{name}'" if len(a) > 1 else f"'{name}'"
+                va, vb = ea[j], eb[j]
+                if field_name == "shape" and kind in ("allgather", "alltoall"):
+                    field_name = "shape beyond the first dimension"
+                if field_name == "shape":
+                    va, vb = tuple(va), tuple(vb)
+                return (f"mismatched {field_name} for {kind} {where}: rank {rank_a} has {va}, "
+                        f"rank {rank_b} has {vb}")
+    return f"mismatched tensors for {kind} '{name}'"
+
+
+class Completion:
+    """One condition variable for all handles: completing 1,000 at once wakes waiters once."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition(threading.Lock())
+
+    def finish(self, handles: Sequence[Handle]) -> None:
+        with self.cond:
+            for h in handles:
+                h._done = True
+            self.cond.notify_all()
+
+
+class Handle:
+    """What an asynchronous call returns; pass it to ``poll`` or ``synchronize``."""
+
+    __slots__ = ("_completion", "_done", "_error", "request", "result", "_finish")
+
+    def __init__(self, completion: Completion, request: Request) -> None:
+        self._completion = completion
+        self._done = False
+        self._error: BaseException | None = None
+        self.request = request
+        self.result: Any = None
+        # Set by the adapter: turns the completed request into what synchronize() returns.
+        self._finish: Callable[[Handle], Any] | None = None
+
+    def done(self) -> bool:
+        return self._done
+
+    def fail(self, error: BaseException) -> None:
+        """Record an error (the handle is finished separately, in a batch)."""
+        if self._error is None:
+            self._error = error
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the request finished; return its result or raise its error.
+
+        Raises:
+            MpitrainInternalError: the collective failed on this or another rank.
+            TimeoutError: ``timeout`` seconds passed first.
+        """
+        if not self._done:
+            deadline = None if timeout is None else time.monotonic() + timeout
+            with self._completion.cond:
+                while not self._done:
+                    remaining = None if deadline is None else deadline - time.monotonic()
+                    if remaining is not None and remaining <= 0:
+                        raise TimeoutError(f"'{self.request.name}' did not finish in {timeout} s")
+                    self._completion.cond.wait(remaining)
+        if self._error is not None:
+            if isinstance(self._error, MpitrainInternalError):
+                raise MpitrainInternalError(str(self._error)) from self._error
+            raise self._error
+        if self._finish is not None:
+            finish, self._finish = self._finish, None
+            self.result = finish(self)
+        return self.result

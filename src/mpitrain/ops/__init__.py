@@ -1,0 +1,36 @@
+"""The data plane: collectives over plain numpy buffers and a Group; nothing here knows torch.
+
+The engine calls only the functions exported here.  Algorithm choice lives in
+:mod:`mpitrain.ops.collectives`.
+"""
+
+from .collectives import (
+    allgather,
+    allgather_int,
+    allreduce,
+    alltoall,
+    alltoall_int,
+    barrier,
+    broadcast,
+    reducescatter,
+)
+from .group import Group
+from .types import FLOATING, INTEGER, STORAGE, ReduceOp, check_reduce_supported, itemsize
+
+__all__ = [
+    "FLOATING",
+    "INTEGER",
+    "STORAGE",
+    "Group",
+    "ReduceOp",
+    "allgather",
+    "allgather_int",
+    "allreduce",
+    "alltoall",
+    "alltoall_int",
+    "barrier",
+    "broadcast",
+    "check_reduce_supported",
+    "itemsize",
+    "reducescatter",
+]
