@@ -1,0 +1,126 @@
+"""The bridge between users' arrays (torch tensors, numpy arrays) and the engine's buffers.
+
+The engine moves flat numpy arrays of a storage type plus a logical type name (see
+:mod:`mpitrain.ops.types`).  Here a torch CPU tensor or a numpy array becomes such a view with
+no copy, and results are allocated in the caller's framework so that what comes back is the
+same kind of object that went in.  CUDA tensors and cupy arrays come with the GPU data plane.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import torch
+
+_TORCH_NAMES = {
+    torch.uint8: "uint8",
+    torch.int8: "int8",
+    torch.int16: "int16",
+    torch.int32: "int32",
+    torch.int64: "int64",
+    torch.float16: "float16",
+    torch.bfloat16: "bfloat16",
+    torch.float32: "float32",
+    torch.float64: "float64",
+    torch.bool: "bool",
+}
+_TORCH_TYPES = {name: dtype for dtype, name in _TORCH_NAMES.items()}
+_NUMPY_NAMES = {
+    "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
+    "float16": "float16", "float32": "float32", "float64": "float64", "bool": "bool",
+    "bfloat16": "bfloat16",  # ml_dtypes' bfloat16, if the caller uses it
+}
+
+
+def is_torch(x: Any) -> bool:
+    return isinstance(x, torch.Tensor)
+
+
+def dtype_name(x: Any) -> str:
+    """The logical element type of ``x``.
+
+    Raises:
+        TypeError: ``x`` is not a tensor/array, or its element type is unsupported.
+    """
+    if isinstance(x, torch.Tensor):
+        name = _TORCH_NAMES.get(x.dtype)
+        if name is None:
+            raise TypeError(f"unsupported tensor dtype {x.dtype}; supported: "
+                            f"{sorted(str(d) for d in _TORCH_NAMES)}")
+        return name
+    if isinstance(x, np.ndarray):
+        name = _NUMPY_NAMES.get(x.dtype.name)
+        if name is None:
+            raise TypeError(f"unsupported array dtype {x.dtype}; supported: "
+                            f"{sorted(_NUMPY_NAMES)}")
+        return name
+    raise TypeError(f"expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+
+
+def device_of(x: Any) -> str:
+    if isinstance(x, torch.Tensor):
+        return "cpu" if x.device.type == "cpu" else str(x.device)
+    return "cpu"
+
+
+def check_tensor(x: Any, what: str = "tensor") -> str:
+    """Validate ``x`` for a collective; return its logical dtype.
+
+    Raises:
+        TypeError: not a tensor/array, unsupported dtype, or a device mpitrain cannot serve.
+        ValueError: ``x`` is not contiguous.
+    """
+    name = dtype_name(x)
+    if isinstance(x, torch.Tensor):
+        if x.device.type != "cpu":
+            raise TypeError(f"{what} is on {x.device}; this build of mpitrain's data plane "
+                            "handles CPU tensors (the CUDA path needs cupy and a GPU)")
+        if x.is_sparse:
+            raise TypeError(f"{what} is sparse; allreduce sparse gradients through allgather "
+                            "(DistributedOptimizer does this) or densify with .to_dense()")
+        if not x.is_contiguous():
+            raise ValueError(f"{what} is not contiguous (shape {tuple(x.shape)}, strides "
+                             f"{x.stride()}); call .contiguous() first")
+    elif not x.flags.c_contiguous:
+        raise ValueError(f"{what} is not C-contiguous (shape {x.shape}, strides {x.strides}); "
+                         "call numpy.ascontiguousarray first")
+    return name
+
+
+def storage_view(x: Any) -> np.ndarray:
+    """A numpy view of ``x``'s memory in its storage type (no copy), same shape."""
+    if isinstance(x, torch.Tensor):
+        t = x.detach()
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(np.uint16)
+        return t.numpy()
+    if x.dtype.name == "bfloat16":
+        return x.view(np.uint16)
+    return x
+
+
+def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, np.ndarray]:
+    """A new uninitialised array of ``x``'s kind and dtype; returns (array, storage view)."""
+    shape = tuple(x.shape) if shape is None else shape
+    out: Any
+    if isinstance(x, torch.Tensor):
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+    else:
+        out = np.empty(shape, dtype=x.dtype)
+    return out, storage_view(out)
+
+
+def allocator_like(x: Any, keep: list[Any]) -> Callable[[tuple[int, ...]], np.ndarray]:
+    """An allocator for outputs whose shape is known only after negotiation.
+
+    The framework array is appended to ``keep`` so the caller can return it.
+    """
+
+    def allocate(shape: tuple[int, ...]) -> np.ndarray:
+        out, view = empty_like(x, shape)
+        keep.append(out)
+        return view
+
+    return allocate

@@ -1,0 +1,25 @@
+"""``import mpitrain.torch as hvd``: the same Horovod face as ``import mpitrain``.
+
+The adapters for PyTorch live in this package's modules; attribute access on the package
+forwards to :mod:`mpitrain`, so ``hvd.init()``, ``hvd.DistributedOptimizer`` and the rest work
+under either import.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def __getattr__(name: str) -> Any:
+    import mpitrain
+
+    try:
+        return getattr(mpitrain, name)
+    except AttributeError:
+        raise AttributeError(f"module 'mpitrain.torch' has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    import mpitrain
+
+    return sorted(set(mpitrain.__all__) | set(globals()))
