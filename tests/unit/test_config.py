@@ -1,0 +1,79 @@
+import warnings
+
+import pytest
+
+from mpitrain import config
+
+
+def test_defaults_without_environment():
+    cfg = config.load({})
+    assert cfg == config.Config()
+    assert cfg.fusion_threshold == 64 * 1024 * 1024
+    assert cfg.allreduce_algorithm == "auto"
+
+
+def test_canonical_names_and_aliases():
+    cfg = config.load({"HOROVOD_FUSION_THRESHOLD": "1024", "PERSEUS_ALLREDUCE_STREAMS": "3",
+                       "HOROVOD_CYCLE_TIME": "2.5", "MPITRAIN_LOCAL_SIZE": "2"})
+    assert (cfg.fusion_threshold, cfg.allreduce_streams, cfg.cycle_time_ms, cfg.local_size) == (
+        1024, 3, 2.5, 2)
+
+
+def test_canonical_name_beats_alias():
+    cfg = config.load({"MPITRAIN_FUSION_THRESHOLD": "10", "HOROVOD_FUSION_THRESHOLD": "20"})
+    assert cfg.fusion_threshold == 10
+
+
+def test_explicit_override_beats_environment():
+    cfg = config.load({"MPITRAIN_FUSION_THRESHOLD": "10"}, fusion_threshold=5)
+    assert cfg.fusion_threshold == 5
+
+
+def test_unknown_override_is_a_type_error():
+    with pytest.raises(TypeError, match="no_such_field"):
+        config.load({}, no_such_field=1)
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("MPITRAIN_FUSION_THRESHOLD", "lots"),
+    ("MPITRAIN_ALLREDUCE_STREAMS", "0"),
+    ("MPITRAIN_ALLREDUCE_ALGORITHM", "fastest"),
+    ("HOROVOD_HIERARCHICAL_ALLREDUCE", "maybe"),
+    ("MPITRAIN_CYCLE_TIME", "-1"),
+    ("MPITRAIN_LOG_LEVEL", "loud"),
+])
+def test_bad_value_warns_naming_variable_and_value(name, value):
+    with pytest.warns(RuntimeWarning) as record:
+        cfg = config.load({name: value})
+    message = str(record[0].message)
+    assert name in message and repr(value) in message
+    assert cfg == config.Config()  # the default is kept
+
+
+def test_horovod_hierarchical_flag_selects_the_algorithm():
+    assert config.load({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1"}).allreduce_algorithm == \
+        "hierarchical"
+    explicit = config.load({"HOROVOD_HIERARCHICAL_ALLREDUCE": "1",
+                            "MPITRAIN_ALLREDUCE_ALGORITHM": "ring"})
+    assert explicit.allreduce_algorithm == "ring"
+
+
+def test_config_is_frozen():
+    cfg = config.load({})
+    with pytest.raises(AttributeError):
+        cfg.fusion_threshold = 1  # type: ignore[misc]
+
+
+def test_every_variable_is_documented_and_maps_to_a_field():
+    fields = set(config.Config.__dataclass_fields__)
+    names = [v.name for v in config.VARIABLES]
+    assert len(names) == len(set(names))
+    for var in config.VARIABLES:
+        assert var.field in fields and var.name.startswith("MPITRAIN_") and var.help
+    assert {row[0] for row in config.describe()} == set(names)
+
+
+def test_good_values_do_not_warn():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        config.load({"MPITRAIN_ALLREDUCE_ALGORITHM": "RING", "MPITRAIN_BIND_DEVICE": "no"})
