@@ -44,6 +44,15 @@ class Group:
             self._buffers[key] = buf
         return buf[:nbytes]
 
+    def shared_empty(self, nbytes: int) -> np.ndarray:
+        """A new byte buffer that the data plane reduces from fastest (e.g. shared memory).
+
+        Adapters allocate long-lived gradient buckets here so that an in-place allreduce on
+        them needs no copy into a fusion buffer.  Callable from any thread; it never
+        communicates (it is not collective).  This base version is plain process memory.
+        """
+        return np.empty(max(nbytes, 1), dtype=np.uint8)[:nbytes]
+
     def fusion_buffer(self, nbytes: int) -> np.ndarray:
         """The byte buffer fused buckets are packed into."""
         return self.scratch("fusion", nbytes)
