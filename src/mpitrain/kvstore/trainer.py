@@ -1,8 +1,9 @@
 """Gluon's Trainer over torch parameters, Horovod's DistributedTrainer and broadcast_parameters.
 
 ``Trainer(params, "sgd", {"learning_rate": 0.1}, kvstore="dist_sync")`` behaves as MXNet's
-gluon Trainer: at the first step every parameter is initialised in the KVStore from rank 0
-and pulled back (so all ranks start equal); ``step(batch_size)`` sets the optimizer's
+gluon Trainer: every parameter is initialised in the KVStore from rank 0 and pulled back (so
+all ranks start equal; here when the Trainer is built, which is therefore collective);
+``step(batch_size)`` sets the optimizer's
 ``rescale_grad = 1 / batch_size``, sums the gradients across ranks through the store and
 updates.  With ``update_on_kvstore`` the store's replicated server applies the update and the
 weights are pulled; otherwise gradients are push-pulled and each rank updates locally.  As in
@@ -48,6 +49,9 @@ def _named(params: Any) -> list[tuple[str, torch.Tensor]]:
 class Trainer:
     """Applies an optimizer to a set of torch parameters, through a KVStore across ranks.
 
+    Building it is collective when it has a KVStore: every rank's parameters are set to
+    rank 0's.
+
     Args:
         params: ``model.parameters()``, ``dict(model.named_parameters())`` or a module.
         optimizer: a name (``"sgd"``, ``"adam"``) or an :class:`Optimizer`.
@@ -86,6 +90,9 @@ class Trainer:
         self._update_on_kvstore = bool(update_on_kvstore)
         self._compression_params = compression_params
         self._kv_initialized = False
+        # Torch parameters exist already (gluon defers this to the first step, after the
+        # first backward on unsynchronised weights): start from rank 0's weights at once.
+        self._init_kvstore()
 
     # -------------------------------------------------------------------- properties
     @property
