@@ -11,6 +11,7 @@ must push every key the same number of times.
 
 from __future__ import annotations
 
+import itertools
 import os
 from collections.abc import Callable
 from typing import Any
@@ -32,19 +33,24 @@ TYPES = {
     "local": "dist_sync_mpi",
     "device": "dist_sync_mpi",
 }
+# Stores are created in the same order on every rank, so this numbers them alike everywhere
+# and keeps the requests of two stores with the same keys apart.
+_store_ids = itertools.count()
 
 
 class KVStore:
     """A synchronous key-value store over every rank (see the module docstring).
 
-    Create it with :func:`create`.  Every method that moves data is collective: every rank
-    must call it for the same keys, with the same shapes and dtypes.
+    Create it with :func:`create` (every rank creates its stores in the same order).  Every
+    method that moves data is collective: every rank must call it for the same keys, with
+    the same shapes and dtypes.
     """
 
     OPTIMIZER = "optimizer"
 
     def __init__(self, name: str) -> None:
         self._type = name
+        self._id = next(_store_ids)
         self._store: dict[Any, torch.Tensor] = {}
         self._pending: dict[Any, tuple[Any, Finish]] = {}
         self._key_type: type | None = None
@@ -112,7 +118,7 @@ class KVStore:
         return t
 
     def _name(self, verb: str, key: Any) -> str:
-        return f"kvstore.{verb}.{key}"
+        return f"kvstore{self._id}.{verb}.{key}"
 
     def _settle(self, key: Any) -> None:
         """Finish the key's pending push: store the sum, or apply the update with it."""
