@@ -28,6 +28,7 @@ from .hosts import (
     HostfileError,
     HostSlots,
     format_hosts,
+    parse_hostfile_text,
     parse_hosts_string,
     parse_slot_lines,
     read_hostfile,
@@ -55,7 +56,7 @@ def _load(args: argparse.Namespace) -> list[HostSlots]:
     elif args.file == "-":
         text = sys.stdin.read()
         hosts = (parse_slot_lines(text.splitlines(), "<stdin>") if args.per_slot
-                 else _parse_text(text, "<stdin>"))
+                 else parse_hostfile_text(text, "<stdin>"))
     elif args.per_slot:
         with open(args.file, encoding="utf-8") as handle:
             hosts = parse_slot_lines(handle.read().splitlines(), args.file)
@@ -66,12 +67,6 @@ def _load(args: argparse.Namespace) -> list[HostSlots]:
             raise HostfileError(f"--slots-per-host {args.slots_per_host}: must be >= 1")
         hosts = with_slots(hosts, args.slots_per_host)
     return hosts
-
-
-def _parse_text(text: str, source: str) -> list[HostSlots]:
-    from .hosts import parse_hostfile_text
-
-    return parse_hostfile_text(text, source)
 
 
 def _write(text: str, output: str | None) -> None:
