@@ -15,7 +15,15 @@ import pytest
 
 from support import ROOT, run_job
 
-HAS_TF = importlib.util.find_spec("tensorflow") is not None
+
+def _has_tensorflow() -> bool:
+    try:
+        return importlib.util.find_spec("tensorflow") is not None
+    except (ImportError, ValueError):  # a broken or blocked installation counts as none
+        return False
+
+
+HAS_TF = _has_tensorflow()
 needs_tf = pytest.mark.skipif(not HAS_TF, reason="needs pip install 'mpitrain[tensorflow]'")
 
 # (script, brief arguments, a file rank 0's checkpoint must leave)
