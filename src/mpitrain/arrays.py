@@ -60,8 +60,8 @@ def dtype_name(x: Any) -> str:
 
 
 def device_of(x: Any) -> str:
-    if isinstance(x, torch.Tensor):
-        return "cpu" if x.device.type == "cpu" else str(x.device)
+    if isinstance(x, torch.Tensor) and not x.is_cpu:
+        return str(x.device)
     return "cpu"
 
 
@@ -74,7 +74,7 @@ def check_tensor(x: Any, what: str = "tensor") -> str:
     """
     name = dtype_name(x)
     if isinstance(x, torch.Tensor):
-        if x.device.type != "cpu":
+        if not x.is_cpu:
             raise TypeError(f"{what} is on {x.device}; this build of mpitrain's data plane "
                             "handles CPU tensors (the CUDA path needs cupy and a GPU)")
         if x.is_sparse:
@@ -92,10 +92,11 @@ def check_tensor(x: Any, what: str = "tensor") -> str:
 def storage_view(x: Any) -> np.ndarray:
     """A numpy view of ``x``'s memory in its storage type (no copy), same shape."""
     if isinstance(x, torch.Tensor):
-        t = x.detach()
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(np.uint16)
-        return t.numpy()
+        if x.requires_grad:
+            x = x.detach()
+        if x.dtype == torch.bfloat16:
+            return x.view(torch.int16).numpy().view(np.uint16)
+        return x.numpy()
     if x.dtype.name == "bfloat16":
         return x.view(np.uint16)
     return x
@@ -103,12 +104,14 @@ def storage_view(x: Any) -> np.ndarray:
 
 def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, np.ndarray]:
     """A new uninitialised array of ``x``'s kind and dtype; returns (array, storage view)."""
-    shape = tuple(x.shape) if shape is None else shape
     out: Any
     if isinstance(x, torch.Tensor):
-        out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        if shape is None:
+            out = torch.empty_like(x, memory_format=torch.contiguous_format)
+        else:
+            out = torch.empty(shape, dtype=x.dtype, device=x.device)
     else:
-        out = np.empty(shape, dtype=x.dtype)
+        out = np.empty(x.shape if shape is None else shape, dtype=x.dtype)
     return out, storage_view(out)
 
 

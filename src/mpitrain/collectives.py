@@ -62,6 +62,8 @@ def _resolve_op(op: Any, average: bool | None) -> ReduceOp:
 
 
 def _factor(value: Any, what: str) -> float:
+    if type(value) is float and value == 1.0:  # the common case, checked cheaply
+        return value
     if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
         raise TypeError(f"{what} must be a number, got {value!r}")
     f = float(value)
@@ -109,6 +111,8 @@ def _entry_new_output(tensor: Any, what: str) -> tuple[Entry, Any]:
 
 
 def _device(tensors: Sequence[Any]) -> str:
+    if len(tensors) == 1:
+        return arrays.device_of(tensors[0])
     devices = {arrays.device_of(t) for t in tensors}
     if len(devices) > 1:
         raise ValueError(f"tensors of one grouped call must share a device, got {sorted(devices)}")

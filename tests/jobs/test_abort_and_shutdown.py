@@ -112,3 +112,18 @@ def test_info_diagnostic():
 
     info = json.loads(json_run.stdout)
     assert info["size"] == 2 and [r["rank"] for r in info["ranks"]] == [0, 1]
+
+
+@pytest.mark.parametrize("variable", ["MPITRAIN_TIMELINE", "HOROVOD_TIMELINE"])
+def test_timeline_from_the_environment(tmp_path, variable):
+    import json
+
+    path = tmp_path / "timeline.json"
+    code = ("import mpitrain as hvd, torch\nhvd.init()\n"
+            "for i in range(3):\n    hvd.allreduce(torch.ones(8), name=f'grad.{i}')\n")
+    result = run_python(2, code, env={variable: str(path)}, timeout=60)
+    assert result.returncode == 0, result.stderr
+    events = json.loads(path.read_text())  # closed properly at exit: valid JSON
+    names = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert {"grad.0", "grad.1", "grad.2"} <= names
+    assert any(e["name"] == "NEGOTIATE_ALLREDUCE" for e in events)

@@ -31,6 +31,21 @@ def test_thousand_tiny_allreduces_travel_fused(hvd):
     assert stats(hvd)["cached"] >= 1000
 
 
+def test_adjacent_in_place_pieces_reduce_without_packing(hvd):
+    flat = torch.zeros(120)
+    views = [flat[i * 12:(i + 1) * 12] for i in range(10)]
+    before = stats(hvd)["zero_copy_buckets"]
+    for step in range(3):
+        for v in views:
+            v.fill_(float(RANK + step))
+        handles = [hvd.allreduce_async_(v, name=f"zc.{i}", op=hvd.Sum)
+                   for i, v in enumerate(views)]
+        for h, v in zip(handles, views):
+            assert hvd.synchronize(h) is v
+        assert torch.all(flat == sum(r + step for r in range(SIZE)))
+    assert stats(hvd)["zero_copy_buckets"] > before
+
+
 def test_repeated_names_hit_the_cache(hvd):
     for _ in range(2):
         hvd.allreduce(torch.ones(3), name="cached.once")

@@ -197,7 +197,9 @@ class Engine:
         with self._cond:
             if not self._inbox and not self._stopping:
                 self._cond.wait(cycle if someone_pending else idle)
-            if not self._inbox or self._stopping:
+            # A single request is most likely a synchronous call: send it now.  (In a burst
+            # the submitter holds the GIL while we wake, so we find several queued.)
+            if len(self._inbox) <= 1 or self._stopping:
                 return
             deadline = time.monotonic() + cycle
             seen = len(self._inbox)
@@ -344,6 +346,7 @@ class Engine:
             "announcement_rounds": state.negotiator.announcement_rounds,
             "collectives": state.executor.collectives,
             "fused_tensors": state.executor.fused_tensors,
+            "zero_copy_buckets": state.executor.zero_copy_buckets,
             "cached": len(state.negotiator.cache),
         }
 

@@ -7,8 +7,8 @@ negotiated shape.
 
 from __future__ import annotations
 
+import ctypes
 import time
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -20,11 +20,35 @@ from .negotiation import Response
 from .request import Entry, Kind, Request
 from .timeline import Timeline
 
-Finish = Callable[[Response], None]
-
 
 def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
+
+
+def _address(a: np.ndarray) -> int:
+    return int(a.__array_interface__["data"][0])
+
+
+def _adjacent_in_place(bucket: list[Piece]) -> np.ndarray | None:
+    """A view spanning the bucket when its pieces are in place and back to back in memory.
+
+    The pieces must follow each other in bucket order, which is the same on every rank, so the
+    span has exactly the element order a packed fusion buffer would have: a rank that packs
+    and a rank that does not still reduce matching elements.
+    """
+    first = bucket[0].input
+    start = _address(first)
+    end = start
+    for p in bucket:
+        if p.input is not p.output and _address(p.input) != _address(p.output):
+            return None
+        if _address(p.input) != end:
+            return None
+        end += p.nbytes
+    # The pieces keep the memory alive for the duration of the collective.
+    raw = np.ctypeslib.as_array(ctypes.cast(start, ctypes.POINTER(ctypes.c_uint8)),
+                                shape=(end - start,))
+    return raw.view(first.dtype)
 
 
 def _zeros_entries(meta: tuple[Any, ...]) -> list[Entry]:
@@ -46,6 +70,7 @@ class Executor:
         self.fusion_threshold = fusion_threshold
         self.collectives = 0  # data-plane calls issued, for tests and the overhead benchmark
         self.fused_tensors = 0
+        self.zero_copy_buckets = 0  # fused buckets reduced in place without packing
 
     # ------------------------------------------------------------------------ entry point
     def run(self, responses: list[Response]) -> None:
@@ -83,7 +108,7 @@ class Executor:
 
     # -------------------------------------------------------------------------- allreduce
     def _allreduce(self, bucket: list[Piece]) -> None:
-        dtype, op, pre, post = bucket[0].dtype, None, None, None
+        dtype = bucket[0].dtype
         meta = bucket[0].response.meta
         op = ReduceOp(meta[1])
         pre, post = meta[2], meta[3]
@@ -91,11 +116,18 @@ class Executor:
             op, post = ReduceOp.SUM, post / self.group.size
         started = time.monotonic()
         self._queued(bucket, started)
-        if len(bucket) == 1:
-            piece = bucket[0]
-            ops.allreduce(self.group, piece.input, piece.output, dtype, op, pre, post)
-            self._span(bucket, "ALLREDUCE", started, time.monotonic())
+        span = bucket[0].input if len(bucket) == 1 else _adjacent_in_place(bucket)
+        if span is not None:
+            # One tensor, or in-place pieces lying back to back in one buffer (gradients laid
+            # out as views of a flat bucket): reduce where they are, no packing.
+            out = bucket[0].output if len(bucket) == 1 else span
+            ops.allreduce(self.group, span, out, dtype, op, pre, post)
+            self._span(bucket, "ALLREDUCE", started, time.monotonic(),
+                       {"bucket_bytes": int(span.nbytes), "tensors": len(bucket),
+                        "packed": False})
             self.collectives += 1
+            self.fused_tensors += len(bucket) if len(bucket) > 1 else 0
+            self.zero_copy_buckets += len(bucket) > 1
             return
         total = sum(p.nbytes for p in bucket)
         fused = self.group.fusion_buffer(total).view(STORAGE[dtype])

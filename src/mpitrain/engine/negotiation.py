@@ -154,15 +154,11 @@ class Negotiator:
         nbits = self.cache.num_bits
         nwords = (nbits + 63) // 64
         header = np.zeros(2 * nwords + 1, dtype=np.uint64)
-        ready = header[:nwords]
         if self.locally_joined:
-            ready[:] = _ALL_ONES
+            header[:nwords] = _ALL_ONES
         else:
-            for bit in self.hits:
-                ready[bit >> 6] |= np.uint64(1 << (bit & 63))
-        stale = np.zeros(nwords, dtype=np.uint64)
-        for bit in self.stale:
-            stale[bit >> 6] |= np.uint64(1 << (bit & 63))
+            header[:nwords] = _words(self.hits, nwords)
+        stale = _words(self.stale, nwords)
         flags = 0
         if self.unannounced:
             flags |= F_ANNOUNCE
@@ -356,15 +352,21 @@ class Negotiator:
             sys.stderr.flush()
 
 
+def _words(bits: Any, nwords: int) -> np.ndarray:
+    """Pack bit numbers into little-endian uint64 words (Python ints are fast at this)."""
+    mask = 0
+    for bit in bits:
+        mask |= 1 << bit
+    return np.frombuffer(mask.to_bytes(nwords * 8, "little"), dtype="<u8").astype(np.uint64)
+
+
 def _set_bits(words: np.ndarray, nbits: int) -> list[int]:
+    mask = int.from_bytes(words.astype("<u8").tobytes(), "little") & ((1 << nbits) - 1)
     bits = []
-    for w, value in enumerate(words.tolist()):
-        while value:
-            low = value & -value
-            bit = w * 64 + low.bit_length() - 1
-            if bit < nbits:
-                bits.append(bit)
-            value ^= low
+    while mask:
+        low = mask & -mask
+        bits.append(low.bit_length() - 1)
+        mask ^= low
     return bits
 
 
