@@ -206,15 +206,15 @@ def test_reduce_gather_scatter(pg):
     root = SIZE - 1
     t = per_rank(RANK)
     dist.reduce(t, dst=root)
-    want = fold("SUM", [per_rank(r) for r in range(SIZE)]) if RANK == root else per_rank(RANK)
+    want = fold("SUM", [per_rank(r) for r in range(SIZE)]) if root == RANK else per_rank(RANK)
     torch.testing.assert_close(t, want)
-    gathered = [torch.empty(5) for _ in range(SIZE)] if RANK == root else None
+    gathered = [torch.empty(5) for _ in range(SIZE)] if root == RANK else None
     dist.gather(per_rank(RANK), gathered, dst=root)
-    if RANK == root:
+    if root == RANK:
         for r in range(SIZE):
             torch.testing.assert_close(gathered[r], per_rank(r))
     out = torch.empty(5)
-    pieces = [per_rank(50 + r) for r in range(SIZE)] if RANK == root else None
+    pieces = [per_rank(50 + r) for r in range(SIZE)] if root == RANK else None
     dist.scatter(out, pieces, src=root)
     torch.testing.assert_close(out, per_rank(50 + RANK))
 
