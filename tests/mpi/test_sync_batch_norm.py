@@ -18,7 +18,7 @@ from mpitrain.scopes import local_process_set
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-MPI_CONFIGS = ("np2", "np4", "2x2")
+MPI_CONFIGS = ("np2", "2x2")
 
 C = 3
 SHAPES = {"1d": (C,), "1d_len": (C, 5), "2d": (C, 4, 3), "3d": (C, 2, 3, 2)}

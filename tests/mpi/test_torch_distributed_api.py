@@ -8,7 +8,7 @@ import mpitrain.torch.distributed as dist
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-MPI_CONFIGS = ("np2", "np4", "2x2")
+MPI_CONFIGS = ("np2", "2x2")
 
 
 def test_init_accepts_any_backend_and_reports_mpi_layout(hvd):
