@@ -54,6 +54,8 @@ setup(
     entry_points={
         "console_scripts": [
             "mpitrain-info=mpitrain.info:main",
+            "mpitrainrun=mpitrain.runner.launch:main",
+            "mpitrain-hostfile=mpitrain.runner.hostfile_cli:main",
         ],
     },
     classifiers=[

@@ -61,10 +61,18 @@ def test_unnamed_requests_match_by_order(hvd):
         assert torch.all(out == sum(r + i for r in range(SIZE)))
 
 
+@pytest.mark.world_sizes(2, 3, 4)
 def test_duplicate_name_in_flight_is_a_value_error(hvd):
-    h = hvd.allreduce_async(torch.ones(1), name="dup")
-    with pytest.raises(ValueError, match="'dup' is already in flight"):
-        hvd.allreduce_async(torch.ones(1), name="dup")
+    import time
+
+    # Rank 0's request stays in flight until the others submit theirs, half a second later.
+    if RANK == 0:
+        h = hvd.allreduce_async(torch.ones(1), name="dup")
+        with pytest.raises(ValueError, match="'dup' is already in flight"):
+            hvd.allreduce_async(torch.ones(1), name="dup")
+    else:
+        time.sleep(0.5)
+        h = hvd.allreduce_async(torch.ones(1), name="dup")
     hvd.synchronize(h)
     hvd.synchronize(hvd.allreduce_async(torch.ones(1), name="dup"))  # free again
 

@@ -1,0 +1,187 @@
+#!/usr/bin/env python3
+"""Flat ring vs hierarchical vs auto allreduce across shaped links, measured in one run.
+
+Builds a namespace cluster (tools/netns_cluster.py: 2 hosts x 2 ranks by default), shapes
+every host's link with ``tc tbf`` (1 Gbit/s by default), and runs ONE job across it.  In that
+job each round re-initialises mpitrain once per contender (``MPITRAIN_ALLREDUCE_ALGORITHM`` is
+read at ``init()``) and times the same allreduces; contenders take turns round by round, so
+drift on this shared machine hits them alike.  MPI's own ``Allreduce`` (mpi4py on
+COMM_WORLD) is the peer.  Also measured in the same job: the shaped link itself (rank 0 on one
+host sends to rank ``local_size`` on the next).
+
+Run as root from a checkout with its .venv::
+
+    .venv/bin/python benchmarks/netns_allreduce.py                 # 1gbit, 4 and 32 MiB
+    .venv/bin/python benchmarks/netns_allreduce.py --rate 10gbit --sizes-mib 1 16 64
+    .venv/bin/python benchmarks/netns_allreduce.py --no-shape --hosts 2 --slots 2
+
+Output: per size, the median time of each contender, its algbw and busbw (nccl-tests: algbw
+= S/t, busbw = algbw * 2(p-1)/p) and its time relative to MPI's; then, per size, which of ring
+and hierarchical was faster and how close ``auto`` came to it.  Until the data plane has its
+own algorithms every name falls back to MPI's allreduce and the columns agree within noise.
+``tbf`` limits rate; ``netem`` (added delay) is not available on our machines, so the latency
+argument is tbf's queueing bound, not a fixed delay.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CONTENDERS = ("ring", "hierarchical", "auto")
+MiB = 1 << 20
+
+
+def _timed(fn, iters: int, barrier) -> list[float]:
+    times = []
+    for _ in range(iters):
+        barrier()
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def worker(sizes_mib: list[float], rounds: int, iters: int) -> int:
+    """Runs on every rank: the measurement itself; rank 0 prints one JSON line."""
+    import numpy as np
+    import torch
+    from mpi4py import MPI
+
+    import mpitrain as hvd
+
+    world = MPI.COMM_WORLD
+    rank, size = world.Get_rank(), world.Get_size()
+    results: dict[str, dict[str, list[float]]] = {}
+    buffers = {s: torch.ones(int(s * MiB) // 4, dtype=torch.float32) for s in sizes_mib}
+
+    def record(name: str, s: float, times: list[float]) -> None:
+        slowest = world.allreduce(max(times), op=MPI.MAX)  # a collective ends at its slowest
+        results.setdefault(name, {}).setdefault(str(s), []).append(slowest)
+
+    link = None
+    hvd.init()
+    local = hvd.local_size()
+    hvd.shutdown()
+    if size > local:  # one rank on each of two hosts: the shaped link alone
+        nbytes = int(max(sizes_mib) * MiB)
+        payload = np.ones(nbytes, dtype=np.uint8)
+        if rank in (0, local):
+            peer = local if rank == 0 else 0
+            world.Sendrecv(payload[:1024], peer, recvbuf=payload[:1024], source=peer)
+            start = time.perf_counter()
+            if rank == 0:
+                world.Send(payload, dest=peer)
+                world.Recv(payload[:1], source=peer)
+            else:
+                world.Recv(payload, source=peer)
+                world.Send(payload[:1], dest=peer)
+            link = nbytes / (time.perf_counter() - start)
+        link = world.bcast(link, root=0)
+
+    for round_ in range(rounds):
+        for s, buf in buffers.items():
+            out = np.empty_like(buf.numpy())
+            world.Allreduce(buf.numpy(), out)  # warm-up
+            record("mpi", s, _timed(lambda b=buf, o=out: world.Allreduce(b.numpy(), o), iters,
+                                    world.Barrier))
+        # Rotate who goes first each round so that order effects fall on everyone alike.
+        for name in CONTENDERS[round_ % 3:] + CONTENDERS[:round_ % 3]:
+            os.environ["MPITRAIN_ALLREDUCE_ALGORITHM"] = name
+            hvd.init()
+            for s, buf in buffers.items():
+                hvd.allreduce(buf, op=hvd.Sum, name=f"warm.{s}")
+                record(name, s, _timed(lambda b=buf, s_=s: hvd.allreduce(
+                    b, op=hvd.Sum, name=f"bench.{s_}"), iters, hvd.barrier))
+            hvd.shutdown()
+    if rank == 0:
+        print("BENCH " + json.dumps({"size": size, "local_size": local, "link_Bps": link,
+                                     "results": results}), flush=True)
+    return 0
+
+
+def report(data: dict, shaped: dict[str, str]) -> str:
+    p = data["size"]
+    lines = [f"allreduce of float32 across {p // data['local_size']} namespace hosts x "
+             f"{data['local_size']} ranks; link shaping: "
+             + (", ".join(f"{k} {v}" for k, v in shaped.items()) or "none")]
+    if data["link_Bps"]:
+        lines.append(f"measured host-to-host link: {data['link_Bps'] / 1e6:.0f} MB/s")
+    results = data["results"]
+    names = ["mpi", *CONTENDERS]
+    lines.append(f"{'size':>9} {'contender':>13} {'median ms':>10} {'algbw GB/s':>11} "
+                 f"{'busbw GB/s':>11} {'vs MPI':>7}")
+    verdicts = []
+    for s in results["mpi"]:
+        nbytes = float(s) * MiB
+        medians = {n: statistics.median(results[n][s]) for n in names}
+        for n in names:
+            algbw = nbytes / medians[n] / 1e9
+            lines.append(f"{float(s):>6g}MiB {n:>13} {medians[n] * 1e3:>10.1f} {algbw:>11.3f} "
+                         f"{algbw * 2 * (p - 1) / p:>11.3f} "
+                         f"{medians['mpi'] / medians[n]:>6.2f}x")
+        best = min(("ring", "hierarchical"), key=lambda n: medians[n])
+        other = "hierarchical" if best == "ring" else "ring"
+        verdicts.append(f"{float(s):g} MiB: {best} is {medians[other] / medians[best]:.2f}x "
+                        f"faster than {other}; auto takes {medians['auto'] / medians[best]:.2f}x "
+                        f"the time of {best}")
+    return "\n".join(lines + ["", *verdicts])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="Needs root, ip, tc and unshare.")
+    parser.add_argument("--hosts", type=int, default=2, help="namespace hosts (default 2)")
+    parser.add_argument("--slots", type=int, default=2, help="ranks per host (default 2)")
+    parser.add_argument("--sizes-mib", type=float, nargs="+", default=[4.0, 32.0],
+                        help="message sizes in MiB (default 4 32)")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of all contenders")
+    parser.add_argument("--iters", type=int, default=3, help="timed calls per round")
+    parser.add_argument("--rate", default="1gbit", help="tbf rate per host link")
+    parser.add_argument("--burst", default="128kb", help="tbf bucket")
+    parser.add_argument("--latency", default="10ms", help="tbf queueing bound")
+    parser.add_argument("--no-shape", action="store_true", help="leave the links unshaped")
+    parser.add_argument("--name", default="mtbench", help="cluster name")
+    parser.add_argument("--json", help="also write the raw measurements here")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker(args.sizes_mib, args.rounds, args.iters)
+
+    sys.path.insert(0, str(ROOT / "tools"))
+    from netns_cluster import Cluster, launch_env, missing_requirements
+
+    reason = missing_requirements()
+    if reason:
+        print(f"netns_allreduce: cannot build the cluster: {reason}", file=sys.stderr)
+        return 2
+    with Cluster(args.name, args.hosts, args.slots) as cluster:
+        if not args.no_shape:
+            cluster.shape(args.rate, args.burst, args.latency)
+        command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rounds",
+                   str(args.rounds), "--iters", str(args.iters), "--sizes-mib",
+                   *map(str, args.sizes_mib)]
+        result = subprocess.run(cluster.launch_argv(args.hosts * args.slots, command),
+                                env=launch_env(), capture_output=True, text=True, timeout=3600)
+        shaped = dict(cluster.shaped)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("BENCH ")]
+    if result.returncode != 0 or not lines:
+        print(result.stdout[-4000:] + result.stderr[-4000:], file=sys.stderr)
+        return result.returncode or 1
+    data = json.loads(lines[-1][len("BENCH "):])
+    if args.json:
+        Path(args.json).write_text(json.dumps({"shaping": shaped, **data}, indent=1))
+    print(report(data, shaped))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

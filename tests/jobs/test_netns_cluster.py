@@ -1,0 +1,173 @@
+"""A real multi-host job: 2 network-namespace hosts x 2 ranks, launched by mpitrainrun.
+
+Needs root, ``ip``, ``tc`` and ``unshare`` (tools/netns_cluster.py); without them every test
+here skips saying which is missing, unless ``MPITRAIN_TEST_REQUIRE_NETNS=1`` makes that a
+failure (as CI, which is root, should).  The cluster is always removed again: namespaces,
+links, /etc/hosts lines and state, also when a test fails.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mpitrain import config
+from support import ROOT, job_env
+
+pytestmark = pytest.mark.netns
+
+_spec = importlib.util.spec_from_file_location("netns_cluster", ROOT / "tools" /
+                                               "netns_cluster.py")
+assert _spec is not None and _spec.loader is not None
+netns = importlib.util.module_from_spec(_spec)
+sys.modules["netns_cluster"] = netns  # dataclasses look their module up there
+_spec.loader.exec_module(netns)
+
+HOSTS, SLOTS = 2, 2
+JOB_TIMEOUT = 240
+
+
+def _skip_or_fail(reason: str) -> None:
+    if os.environ.get("MPITRAIN_TEST_REQUIRE_NETNS") == "1":
+        pytest.fail(f"namespace cluster required but unavailable: {reason}")
+    pytest.skip(f"namespace cluster unavailable: {reason}")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = netns.missing_requirements(probe=True)
+    if reason:
+        _skip_or_fail(reason)
+    c = netns.Cluster(f"mt{os.getpid() % 100000}", HOSTS, SLOTS)
+    try:
+        c.create()
+        yield c
+    finally:
+        c.destroy()
+
+
+def traces(name: str) -> list[str]:
+    """Whatever a cluster called ``name`` left on this machine."""
+    found = []
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    found += [f"netns {n}" for n in out.split() if n.startswith(f"{name}-")]
+    out = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    found += [f"link {line.split(':')[1].strip()}" for line in out.splitlines()
+              if line.split(":")[1].strip().startswith(f"{name}-")]
+    found += [f"/etc/hosts: {line}" for line in Path("/etc/hosts").read_text().splitlines()
+              if line.endswith(f"mpitrain-netns:{name}")]
+    if (netns.STATE_BASE / f"mpitrain-netns-{name}").exists():
+        found.append("state directory")
+    return found
+
+
+def launch(c, command: list[str], launcher_args: list[str] = (), np: int = HOSTS * SLOTS,
+           extra_env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    env = job_env(extra_env)
+    env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
+    argv = c.launch_argv(np, command, launcher_args)
+    try:
+        return subprocess.run(argv, env=env, capture_output=True, text=True,
+                              timeout=JOB_TIMEOUT, cwd=ROOT)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"job across the namespace hosts hung for {JOB_TIMEOUT} s: "
+                    f"{(exc.stdout or '')!s:.4000}")
+
+
+def test_cluster_is_removed_even_when_the_body_fails():
+    reason = netns.missing_requirements(probe=True)
+    if reason:
+        _skip_or_fail(reason)
+    name = f"mz{os.getpid() % 100000}"
+    with pytest.raises(RuntimeError, match="on purpose"), netns.Cluster(name, hosts=2) as c:
+        assert c.exists() and traces(name)
+        raise RuntimeError("on purpose")
+    assert traces(name) == []
+    # A crashed run's leftovers: built, never destroyed; a fresh object clears them by name.
+    netns.Cluster(name, hosts=1).create()
+    assert traces(name)
+    netns.Cluster(name).destroy()
+    assert traces(name) == []
+
+
+def test_layout_is_detected_per_host(cluster):
+    result = launch(cluster, [sys.executable, "-m", "mpitrain.info", "--json"])
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    info = json.loads(result.stdout[result.stdout.index("{"):])
+    assert info["size"] == 4 and info["nodes"] == 2 and not info["emulated_nodes"]
+    rows = sorted(info["ranks"], key=lambda r: r["rank"])
+    assert [r["host"] for r in rows] == [cluster.hostnames[0]] * 2 + [cluster.hostnames[1]] * 2
+    assert [(r["local_rank"], r["local_size"]) for r in rows] == [(0, 2), (1, 2)] * 2
+    assert [(r["cross_rank"], r["cross_size"]) for r in rows] == [(0, 2), (0, 2), (1, 2), (1, 2)]
+    assert [r["node"] for r in rows] == [0, 0, 1, 1]
+    assert info["allreduce_check"]["got"] == info["allreduce_check"]["expected"]
+
+
+VARIANTS = [pytest.param(["--allreduce-algorithm", name], name, id=name)
+            for name in config.ALLREDUCE_ALGORITHMS]
+VARIANTS.append(pytest.param(["--hierarchical-allreduce"], "hierarchical",
+                             id="horovod-hierarchical-flag"))
+
+
+@pytest.mark.parametrize(("launcher_args", "algorithm"), VARIANTS)
+def test_every_collective_across_hosts(cluster, launcher_args, algorithm):
+    result = launch(cluster, [sys.executable, str(ROOT / "tests" / "jobs" /
+                                                  "netns_collectives.py")], launcher_args)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    rows = [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines()
+            if line.startswith("RESULT ")]
+    assert [r["rank"] for r in rows] == [0, 1, 2, 3]
+    # The setting reached every rank on every host through the launcher.
+    assert {r["algorithm"] for r in rows} == {algorithm}
+    assert [r["host"] for r in rows] == [cluster.hostnames[0]] * 2 + [cluster.hostnames[1]] * 2
+    # local_rank, local_size, cross_rank, cross_size, node, ranks really sharing the host
+    assert [r["layout"] for r in rows] == [[0, 2, 0, 2, 0, 2], [1, 2, 0, 2, 0, 2],
+                                           [0, 2, 1, 2, 1, 2], [1, 2, 1, 2, 1, 2]]
+    assert all(r["checks"] >= 100 for r in rows)
+
+
+def test_uneven_hosts(cluster):
+    """3 ranks on hosts of 2 and 1: heterogeneous layout, hierarchical allreduce forced."""
+    result = launch(cluster, [sys.executable, str(ROOT / "tests" / "jobs" /
+                                                  "netns_collectives.py")],
+                    ["--allreduce-algorithm", "hierarchical"], np=3)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    rows = [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines()
+            if line.startswith("RESULT ")]
+    assert [r["host"] for r in rows] == [cluster.hostnames[0]] * 2 + [cluster.hostnames[1]]
+    assert [r["layout"] for r in rows] == [[0, 2, 0, 2, 0, 2], [1, 2, 0, 1, 0, 2],
+                                           [0, 1, 1, 2, 1, 1]]
+    assert {r["algorithm"] for r in rows} == {"hierarchical"}
+
+
+def test_shaped_link_benchmark_runs(cluster):
+    """The benchmark's worker runs across shaped links and reports every contender.
+
+    Which algorithm is faster is not asserted here: that waits for the data plane's own
+    algorithms (see benchmarks/netns_allreduce.py).
+    """
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import netns_allreduce
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    cluster.shape("1gbit", "128kb", "10ms")
+    try:
+        result = launch(cluster, [sys.executable, str(ROOT / "benchmarks" /
+                                                      "netns_allreduce.py"), "--worker",
+                                  "--sizes-mib", "0.25", "--rounds", "1", "--iters", "1"])
+    finally:
+        cluster.unshape()
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    line = next(x for x in result.stdout.splitlines() if x.startswith("BENCH "))
+    data = json.loads(line[len("BENCH "):])
+    assert set(data["results"]) == {"mpi", "ring", "hierarchical", "auto"}
+    assert 0 < data["link_Bps"] < 10e9
+    text = netns_allreduce.report(data, {"rate": "1gbit"})
+    assert "0.25 MiB:" in text and "auto takes" in text

@@ -1,0 +1,251 @@
+"""mpitrainrun --dry-run: the exact command for Open MPI, MPICH, Intel MPI and srun."""
+
+import os
+import shlex
+import stat
+
+import pytest
+
+from mpitrain.runner import launch
+
+BASE = {"PATH": "/usr/bin", "HOME": "/root"}
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """An 8-core machine where we are root, so every expected line is deterministic."""
+    monkeypatch.setattr(launch, "_cores", lambda: 8)
+    monkeypatch.setattr(launch.os, "geteuid", lambda: 0)
+    return monkeypatch
+
+
+def dry(capsys, argv, environ=None):
+    code = launch.main(["--dry-run", *argv], environ=BASE if environ is None else environ)
+    out, err = capsys.readouterr()
+    return code, out.strip(), err.strip()
+
+
+OMPI = "mpirun -np {np} --allow-run-as-root --bind-to none --map-by slot"
+CASES_OPENMPI = [
+    ("-np 4 python train.py", OMPI.format(np=4) + " -x PATH python train.py"),
+    ("-np 8 -H node1:4,node2:4 python train.py --lr 0.1",
+     OMPI.format(np=8) + " --host node1:4,node2:4 -x PATH python train.py --lr 0.1"),
+    ("-np 6 -H a:4,b:4 python t.py", OMPI.format(np=6) + " --host a:4,b:2 -x PATH python t.py"),
+    ("-np 4 -H a:8,b:8,c:8 -npernode 2 python t.py",
+     OMPI.format(np=4) + " --host a:2,b:2 -x PATH python t.py"),
+    ("-np 2 -H a,b python t.py", OMPI.format(np=2) + " --host a:1,b:1 -x PATH python t.py"),
+    ("-np 2 --network-interface 10.0.0.0/24 python t.py",
+     OMPI.format(np=2) + " --mca btl_tcp_if_include 10.0.0.0/24 --mca oob_tcp_if_include "
+                         "10.0.0.0/24 -x PATH python t.py"),
+    ("-np 2 --fusion-threshold-mb 32 --cycle-time-ms 2.5 --streams 2 --hierarchical-allreduce "
+     "--no-stall-check --stall-check-warning-time-seconds 30 "
+     "--stall-check-shutdown-time-seconds 90 --cache-capacity 0 --log-level DEBUG python t.py",
+     OMPI.format(np=2) + " -x PATH -x MPITRAIN_FUSION_THRESHOLD=33554432 "
+     "-x MPITRAIN_CYCLE_TIME=2.5 -x MPITRAIN_CACHE_CAPACITY=0 -x MPITRAIN_ALLREDUCE_STREAMS=2 "
+     "-x MPITRAIN_HIERARCHICAL_ALLREDUCE=1 -x MPITRAIN_STALL_CHECK_DISABLE=1 "
+     "-x MPITRAIN_STALL_CHECK_TIME_SECONDS=30 -x MPITRAIN_STALL_SHUTDOWN_TIME_SECONDS=90 "
+     "-x MPITRAIN_LOG_LEVEL=DEBUG python t.py"),
+    ("-np 2 --timeline-filename /tmp/tl.json --timeline-mark-cycles "
+     "--allreduce-algorithm ring python t.py",
+     OMPI.format(np=2) + " -x PATH -x MPITRAIN_ALLREDUCE_ALGORITHM=ring "
+     "-x MPITRAIN_TIMELINE=/tmp/tl.json -x MPITRAIN_TIMELINE_MARK_CYCLES=1 python t.py"),
+    ("-np 2 --mpi-args='--mca btl tcp,self --report-bindings' python t.py",
+     OMPI.format(np=2) + " -x PATH --mca btl tcp,self --report-bindings python t.py"),
+    ("-np 2 -x NCCL_DEBUG=INFO -x HOME python t.py",
+     OMPI.format(np=2) + " -x PATH -x HOME -x NCCL_DEBUG=INFO python t.py"),
+    # More ranks than cores, asked for on purpose: allowed, and MPI is told not to spin.
+    ("-np 16 -H localhost:16 python t.py",
+     OMPI.format(np=16) + " --host localhost:16 --mca mpi_yield_when_idle 1 -x PATH python t.py"),
+    ("-np 16 --mpi-args=--oversubscribe python t.py",
+     OMPI.format(np=16) + " --mca mpi_yield_when_idle 1 -x PATH --oversubscribe python t.py"),
+    ("-np 2 -- python -c 'print(1)'", OMPI.format(np=2) + " -x PATH python -c 'print(1)'"),
+]
+
+HYDRA = "mpiexec -bind-to none"
+CASES_MPICH = [
+    ("-np 4 python train.py", HYDRA + " -n 4 python train.py"),
+    ("-np 8 -H node1:4,node2:4 python train.py",
+     HYDRA + " -hosts node1:4,node2:4 -n 8 python train.py"),
+    ("-np 6 -H a:4,b:4 python t.py", HYDRA + " -hosts a:4,b:2 -n 6 python t.py"),
+    ("-np 4 -H a:8,b:8,c:8 -npernode 2 python t.py",
+     HYDRA + " -hosts a,b -ppn 2 -n 4 python t.py"),
+    ("-np 2 --network-interface ib0 python t.py", HYDRA + " -iface ib0 -n 2 python t.py"),
+    ("-np 2 --fusion-threshold-mb 0.5 --streams 4 python t.py",
+     HYDRA + " -genv MPITRAIN_FUSION_THRESHOLD 524288 -genv MPITRAIN_ALLREDUCE_STREAMS 4 "
+             "-n 2 python t.py"),
+    ("-np 2 --mpi-args='-l' python t.py", HYDRA + " -l -n 2 python t.py"),
+]
+
+CASES_INTEL = [
+    ("-np 8 -H a:4,b:4 python t.py",
+     "mpiexec -genv I_MPI_PIN 0 -hosts a,b -ppn 4 -n 8 python t.py"),
+    ("-np 4 -H a:3,b:4 --cycle-time-ms 5 python t.py",
+     "mpiexec -genv MPITRAIN_CYCLE_TIME 5 -genv I_MPI_PIN 0 -n 3 -host a python t.py : "
+     "-n 1 -host b python t.py"),
+    ("-np 16 -H localhost:16 python t.py",
+     "mpiexec -genv I_MPI_PIN 0 -genv I_MPI_WAIT_MODE 1 -hosts localhost -ppn 16 -n 16 "
+     "python t.py"),
+]
+
+
+@pytest.mark.parametrize(("args", "expected"), CASES_OPENMPI)
+def test_open_mpi(machine, capsys, args, expected):
+    code, out, err = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", *shlex.split(args)])
+    assert (code, err) == (0, "")
+    assert out == expected
+
+
+@pytest.mark.parametrize(("args", "expected"), CASES_MPICH)
+def test_mpich(machine, capsys, args, expected):
+    code, out, err = dry(capsys, ["--mpi", "mpich", "--mpirun", "mpiexec", *shlex.split(args)])
+    assert (code, err) == (0, "")
+    assert out == expected
+
+
+@pytest.mark.parametrize(("args", "expected"), CASES_INTEL)
+def test_intel_mpi(machine, capsys, args, expected):
+    code, out, err = dry(capsys, ["--mpi", "intel", "--mpirun", "mpiexec", *shlex.split(args)])
+    assert (code, err) == (0, "")
+    assert out == expected
+
+
+def test_not_root_means_no_allow_run_as_root(machine, capsys):
+    machine.setattr(launch.os, "geteuid", lambda: 1000)
+    _, out, _ = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", "-np", "2", "x"])
+    assert out == "mpirun -np 2 --bind-to none --map-by slot -x PATH x"
+
+
+def test_hostfile_in_every_form(machine, capsys, tmp_path):
+    forms = {"openmpi": "a slots=2\nb slots=2\n", "mpich": "a:2\nb:2\n",
+             "plain": "a\na\nb\nb\n"}
+    for text in forms.values():
+        path = tmp_path / "hosts"
+        path.write_text(text)
+        _, out, err = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", "-np", "4",
+                                   "--hostfile", str(path), "python", "t.py"])
+        assert out == OMPI.format(np=4) + " --host a:2,b:2 -x PATH python t.py", err
+
+
+def test_forwards_python_environment_and_user_settings(machine, capsys):
+    env = {"PATH": "/venv/bin:/usr/bin", "PYTHONPATH": "/src", "VIRTUAL_ENV": "/venv",
+           "MPITRAIN_FUSION_THRESHOLD": "1024", "HOROVOD_CYCLE_TIME": "3", "UNRELATED": "x"}
+    _, out, _ = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", "-np", "2", "x"], env)
+    assert out == (OMPI.format(np=2) + " -x PATH -x PYTHONPATH -x VIRTUAL_ENV "
+                   "-x HOROVOD_CYCLE_TIME -x MPITRAIN_FUSION_THRESHOLD x")
+    # An explicit flag beats the inherited value and is not forwarded twice.
+    _, out, _ = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", "-np", "2",
+                             "--fusion-threshold-mb", "1", "x"], env)
+    assert "-x MPITRAIN_FUSION_THRESHOLD=1048576" in out
+    assert "-x MPITRAIN_FUSION_THRESHOLD " not in out
+
+
+def _fake_srun(tmp_path):
+    srun = tmp_path / "srun"
+    srun.write_text("#!/bin/sh\nexit 0\n")
+    srun.chmod(srun.stat().st_mode | stat.S_IEXEC)
+    return srun
+
+
+SLURM = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "node[01-02]",
+         "SLURM_TASKS_PER_NODE": "4(x2)"}
+
+
+def test_slurm_uses_srun_without_hostfile(machine, capsys, tmp_path):
+    srun = _fake_srun(tmp_path)
+    env = dict(SLURM, PATH=f"{tmp_path}:/usr/bin")
+    _, out, err = dry(capsys, ["-np", "8", "--fusion-threshold-mb", "16", "python", "t.py"], env)
+    assert out == (f"{srun} --ntasks=8 --distribution=block --cpu-bind=none "
+                   "--export=ALL,MPITRAIN_FUSION_THRESHOLD=16777216 python t.py"), err
+    _, out, _ = dry(capsys, ["-np", "4", "-npernode", "2", "python", "t.py"], env)
+    assert out == (f"{srun} --ntasks=4 --distribution=block --cpu-bind=none "
+                   "--ntasks-per-node=2 python t.py")
+
+
+def test_slurm_with_mpirun_passes_no_hosts(machine, capsys, tmp_path):
+    _fake_srun(tmp_path)
+    env = dict(SLURM, PATH=f"{tmp_path}:/usr/bin")
+    _, out, _ = dry(capsys, ["--launcher", "mpirun", "--mpi", "openmpi", "--mpirun", "mpirun",
+                             "-np", "8", "python", "t.py"], env)
+    assert out == OMPI.format(np=8) + " -x PATH python t.py"
+
+
+def test_slurm_allocation_is_too_small(machine, capsys, tmp_path):
+    env = dict(SLURM, PATH=f"{tmp_path}:/usr/bin")
+    _fake_srun(tmp_path)
+    code, _, err = dry(capsys, ["-np", "9", "python", "t.py"], env)
+    assert code == 2
+    assert "-np 9 asks for more processes than the 8 slots of the hosts (node01:4, node02:4)" \
+        in err
+
+
+def test_pbs_allocation_becomes_host_list(machine, capsys, tmp_path):
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("cn1\ncn1\ncn2\ncn2\n")
+    env = {"PATH": "/usr/bin", "PBS_JOBID": "1", "PBS_NODEFILE": str(nodefile)}
+    _, out, _ = dry(capsys, ["--mpi", "mpich", "--mpirun", "mpiexec", "-np", "4", "x"], env)
+    assert out == HYDRA + " -hosts cn1:2,cn2:2 -n 4 x"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ("-np 9 -H a:4,b:4 x", "-np 9 asks for more processes than the 8 slots of the hosts "
+                           "(a:4, b:4)"),
+    ("-np 9 x", "-np 9 asks for more processes than the 8 cores of this machine"),
+    ("-np 2 -H a:2,b:x x", "-H token 2 'b:x': host 'b': slot count 'x' is not an integer"),
+    ("-np 2 -H a:2,,b x", "token 2 is empty"),
+    ("-np 2 -H 'a b:2' x", "'a b' is not a valid host name"),
+    ("-np 2", "no command to run"),
+    ("python t.py", "-np N is required"),
+    ("-np 2 -x 1BAD=3 x", "'1BAD' is not an environment variable name"),
+    ("-np 2 -x NOT_SET_ANYWHERE x", "NOT_SET_ANYWHERE is not set here"),
+    ("-np 2 --launcher srun x", "--launcher srun needs a Slurm allocation"),
+])
+def test_errors_a_user_can_act_on(machine, capsys, args, message):
+    code, out, err = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", *shlex.split(args)])
+    assert code == 2 and out == ""
+    assert message in err
+
+
+def test_bad_numbers_are_usage_errors(capsys):
+    with pytest.raises(SystemExit) as info:
+        launch.main(["-np", "0", "x"])
+    assert info.value.code == 2
+    assert "'0' must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launch.main(["-np", "2", "--fusion-threshold-mb", "-1", "x"])
+    assert "'-1' must be >= 0" in capsys.readouterr().err
+
+
+def test_unknown_host_is_refused_before_launching(machine, capsys):
+    code = launch.main(["--mpi", "openmpi", "--mpirun", "/bin/false", "-np", "2", "-H",
+                        "localhost:1,no-such-host.invalid:1", "x"], environ=BASE)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert "host 'no-such-host.invalid' does not resolve" in err
+
+
+def test_help_mentions_every_option(capsys):
+    with pytest.raises(SystemExit):
+        launch.main(["--help"])
+    out = capsys.readouterr().out
+    for option in ("-np", "-H", "--hostfile", "-npernode", "--slots-per-host",
+                   "--network-interface", "--fusion-threshold-mb", "--cycle-time-ms",
+                   "--streams", "--hierarchical-allreduce", "--timeline-filename",
+                   "--stall-check-warning-time-seconds", "--stall-check-shutdown-time-seconds",
+                   "--no-stall-check", "--mpi-args", "--dry-run", "--check-build", "--verbose"):
+        assert option in out, option
+
+
+def test_version_text_is_recognised():
+    from mpitrain.runner.mpi_command import Flavor, flavor_from_version_text
+
+    assert flavor_from_version_text("mpirun (Open MPI) 5.0.11") is Flavor.OPENMPI
+    assert flavor_from_version_text("HYDRA build details:\n    Version: 4.2.0") is Flavor.MPICH
+    assert flavor_from_version_text("Intel(R) MPI Library for Linux* OS, Version 2021.13")\
+        is Flavor.INTEL
+    assert flavor_from_version_text("something else") is None
+
+
+def test_auto_detects_the_installed_open_mpi(capsys):
+    code = launch.main(["--dry-run", "-np", "1", "x"], environ=dict(os.environ))
+    out = capsys.readouterr().out
+    assert code == 0 and "--bind-to none --map-by slot" in out
