@@ -5,6 +5,7 @@ The Gloo group is set up the way a user of mpirun would: rank and size from MPI,
 port on localhost found by rank 0 and broadcast to the others.
 """
 
+import os
 import socket
 import warnings
 
@@ -135,3 +136,17 @@ def test_bad_arguments(hvd):
         DDP(model, device_ids=[0])
     with pytest.raises(ValueError, match="mixed_precision"):
         DDP(model, mixed_precision=object())
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("MPITRAIN_TEST_REQUIRE_GPU") != "1",
+    reason="needs a CUDA device (MPITRAIN_TEST_REQUIRE_GPU=1 turns this skip into a failure)")
+def test_cuda_module_reduces_like_a_cpu_one(hvd):
+    gpu = DDP(make_model(seed=RANK).cuda(), device_ids=[0], bucket_cap_mb=0.001)
+    cpu = DDP(make_model(seed=RANK), bucket_cap_mb=0.001)
+    x, y = torch.randn(4, 2, 4, 4), torch.randint(0, 3, (4,))
+    torch.nn.functional.cross_entropy(gpu(x.cuda()), y.cuda()).backward()
+    torch.nn.functional.cross_entropy(cpu(x), y).backward()
+    for pg, pc in zip(gpu.module.parameters(), cpu.module.parameters()):
+        torch.testing.assert_close(pg.grad.cpu(), pc.grad, rtol=1e-4, atol=1e-5)

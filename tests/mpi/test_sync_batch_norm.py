@@ -8,6 +8,8 @@ uneven batches, and a rank with an empty batch; global scope and local scope (th
 topology gives two nodes of two ranks).
 """
 
+import os
+
 import pytest
 import torch
 from mpi4py import MPI
@@ -201,3 +203,28 @@ def test_process_set_scope(hvd):
             torch.testing.assert_close(sbn.running_mean, xs.mean(0))
     finally:
         hvd.remove_process_set(ps)
+
+
+needs_cuda = pytest.mark.skipif(
+    not torch.cuda.is_available() and os.environ.get("MPITRAIN_TEST_REQUIRE_GPU") != "1",
+    reason="needs a CUDA device (MPITRAIN_TEST_REQUIRE_GPU=1 turns this skip into a failure)")
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_cuda_tensors_match_the_cpu_reference(hvd):
+    shape, sizes = SHAPES["2d"], BATCHES["empty"]
+    sbn = hvd.SyncBatchNorm(C, momentum=0.3).cuda()
+    ref = torch.nn.BatchNorm2d(C, momentum=0.3)
+    x, g = batch(RANK, sizes, shape, 0, torch.float32)
+    xc = x.cuda().requires_grad_(True)
+    out = sbn(xc)
+    (out * g.cuda()).sum().backward()
+    parts = [batch(r, sizes, shape, 0, torch.float32) for r in range(SIZE)]
+    xs = torch.cat([p[0] for p in parts]).requires_grad_(True)
+    (ref(xs) * torch.cat([p[1] for p in parts])).sum().backward()
+    offset = sum(sizes[r] for r in range(RANK))
+    mine = slice(offset, offset + x.shape[0])
+    tol = tolerances(torch.float32)
+    torch.testing.assert_close(xc.grad.cpu(), xs.grad[mine], **tol)
+    torch.testing.assert_close(sbn.running_var.cpu(), ref.running_var, **tol)
