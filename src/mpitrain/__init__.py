@@ -74,6 +74,7 @@ from .torch.mpi_ops import (
     grouped_reducescatter,
     reducescatter,
 )
+from .torch.sync_batch_norm import SyncBatchNorm
 from .version import __version__
 
 __all__ = [
@@ -89,6 +90,7 @@ __all__ = [
     "Product",
     "ReduceOp",
     "Sum",
+    "SyncBatchNorm",
     "__version__",
     "add_process_set",
     "allgather",

@@ -137,6 +137,11 @@ def remove_process_set(process_set: ProcessSet) -> bool:
 _registered: dict[int, ProcessSet] = {}
 
 
+def registered_process_sets() -> list[ProcessSet]:
+    """The process sets registered now (besides the global one), in registration order."""
+    return [_registered[i] for i in sorted(_registered)]
+
+
 def on_init(process_sets: Sequence[ProcessSet] | str | None) -> None:
     """Register the sets passed to init() (called by runtime.init)."""
     global_process_set.ranks = list(range(runtime.size()))

@@ -9,6 +9,7 @@ before anything moves.
 from __future__ import annotations
 
 import enum
+import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -136,16 +137,28 @@ class Completion:
         self.cond = threading.Condition(threading.Lock())
 
     def finish(self, handles: Sequence[Handle]) -> None:
+        callbacks: list[tuple[Callable[[Handle], None], Handle]] = []
         with self.cond:
             for h in handles:
                 h._done = True
+                if h._callbacks:
+                    callbacks.extend((cb, h) for cb in h._callbacks)
+                    h._callbacks = None
             self.cond.notify_all()
+        # Outside the lock, on the finishing thread (usually the engine's): callbacks must be
+        # quick and must not wait for other requests.
+        for cb, h in callbacks:
+            try:
+                cb(h)
+            except Exception as exc:  # noqa: BLE001 - a bad callback must not stop the engine
+                sys.stderr.write(f"mpitrain: done-callback of '{h.request.name}' raised "
+                                 f"{type(exc).__name__}: {exc}\n")
 
 
 class Handle:
     """What an asynchronous call returns; pass it to ``poll`` or ``synchronize``."""
 
-    __slots__ = ("_completion", "_done", "_error", "request", "result", "_finish")
+    __slots__ = ("_completion", "_done", "_error", "request", "result", "_finish", "_callbacks")
 
     def __init__(self, completion: Completion, request: Request) -> None:
         self._completion = completion
@@ -155,9 +168,25 @@ class Handle:
         self.result: Any = None
         # Set by the adapter: turns the completed request into what synchronize() returns.
         self._finish: Callable[[Handle], Any] | None = None
+        self._callbacks: list[Callable[[Handle], None]] | None = None
 
     def done(self) -> bool:
         return self._done
+
+    def add_done_callback(self, callback: Callable[[Handle], None]) -> None:
+        """Call ``callback(handle)`` once the request has finished (successfully or not).
+
+        It runs on the thread that finishes the request (the engine's), or at once on this
+        thread if that already happened; it must be quick, must not raise, and must not wait
+        for another request (hand such work to a thread of your own).
+        """
+        with self._completion.cond:
+            if not self._done:
+                if self._callbacks is None:
+                    self._callbacks = []
+                self._callbacks.append(callback)
+                return
+        callback(self)
 
     def fail(self, error: BaseException) -> None:
         """Record an error (the handle is finished separately, in a batch)."""

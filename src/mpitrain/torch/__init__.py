@@ -3,11 +3,19 @@
 The adapters for PyTorch live in this package's modules; attribute access on the package
 forwards to :mod:`mpitrain`, so ``hvd.init()``, ``hvd.DistributedOptimizer`` and the rest work
 under either import.
+
+Importing this package registers mpitrain as a torch.distributed backend
+(``init_process_group(backend="mpitrain")``, see :mod:`mpitrain.torch.c10d`); nothing else
+happens at import, and MPI starts only at ``init()``.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from .c10d import register as _register_c10d_backend
+
+_register_c10d_backend()
 
 
 def __getattr__(name: str) -> Any:

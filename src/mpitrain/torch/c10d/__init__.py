@@ -1,0 +1,78 @@
+"""mpitrain as a torch.distributed (c10d) backend, the way ACCL, HCCL and oneCCL plug in.
+
+``import mpitrain.torch`` (or ``import mpitrain``) calls :func:`register`, after which
+
+    torch.distributed.init_process_group(backend="mpitrain")      # under mpirun, no env vars
+
+gives a default process group whose collectives run on mpitrain's engine, and stock
+``torch.nn.parallel.DistributedDataParallel`` (or anything built on torch.distributed) uses it.
+Registration only touches torch's backend table and wraps its ``env://`` rendezvous (see
+:mod:`.rendezvous`); MPI starts when the process group is created.
+
+Groups: the default group, ``new_group`` over all ranks, and ``new_group(ranks)`` over a subset
+whose ranks form an mpitrain process set registered beforehand (``mpitrain.add_process_set`` on
+every rank).  torch builds a subgroup's backend only on the subgroup's members, while an
+mpitrain process set must be registered by every rank, so the backend cannot create the set by
+itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+
+from ... import runtime
+from ...process_sets import ProcessSet, global_process_set, registered_process_sets
+from . import rendezvous
+from .p2p import PointToPoint, create_comm
+from .process_group import BACKEND_NAME, ProcessGroupMpitrain
+from .work import Work
+
+
+def _process_set_for(members: list[int]) -> ProcessSet:
+    size = runtime.size()
+    if members == list(range(size)):
+        return global_process_set
+    for ps in registered_process_sets():
+        if ps.ranks == members:
+            return ps
+    raise ValueError(f"new_group(ranks={members}, backend='mpitrain'): register those ranks as "
+                     f"an mpitrain process set first, on every rank and before new_group "
+                     f"(mpitrain.add_process_set({members})); torch creates a subgroup's backend "
+                     "only on its members, and process sets are registered by all ranks")
+
+
+def _create(opts: Any, backend_options: Any = None) -> ProcessGroupMpitrain:
+    """torch's creator hook (extended API): build the process group for one torch group."""
+    members = [int(r) for r in opts.global_ranks_in_group]
+    is_default = not members
+    if not runtime.is_initialized():
+        if not is_default and len(members) != dist.get_world_size():
+            raise ValueError("the mpitrain backend needs mpitrain.init() (collective over all "
+                             "ranks) before a subgroup is created")
+        runtime.init()
+    size, rank = runtime.size(), runtime.rank()
+    if is_default:
+        members = list(range(opts.group_size))
+        if opts.group_size != size or opts.group_rank != rank:
+            raise ValueError(f"init_process_group(backend='mpitrain') got rank {opts.group_rank} "
+                             f"of {opts.group_size}, but MPI says rank {rank} of {size}; launch "
+                             "with mpirun (or mpitrainrun) and leave RANK/WORLD_SIZE unset")
+    elif dist.is_initialized() and dist.get_rank() != rank:
+        raise ValueError(f"torch.distributed rank {dist.get_rank()} differs from mpitrain rank "
+                         f"{rank}; the mpitrain backend needs the two numberings to agree")
+    process_set = _process_set_for(members)
+    comm = create_comm(members, runtime.state().comms.world, str(opts.group_id))
+    return ProcessGroupMpitrain(opts.group_rank, opts.group_size, process_set, members,
+                                PointToPoint(comm), str(opts.group_id))
+
+
+def register() -> None:
+    """Register the "mpitrain" backend with torch.distributed (idempotent, communicates nothing)."""
+    if not hasattr(dist.Backend, BACKEND_NAME.upper()):
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+    rendezvous.install()
+
+
+__all__ = ["BACKEND_NAME", "ProcessGroupMpitrain", "Work", "register"]

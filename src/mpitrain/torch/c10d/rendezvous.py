@@ -1,0 +1,111 @@
+"""``env://`` rendezvous under mpirun: rank and world size from MPI, no MASTER_ADDR needed.
+
+``init_process_group(backend=...)`` without a store or URL uses torch's ``env://`` rendezvous,
+which wants RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment: torchrun sets
+them, mpirun does not.  :func:`install` wraps torch's handler so that, *only when some of those
+variables are missing and the process was started by an MPI launcher* (or mpitrain is already
+initialised), the missing pieces come from MPI instead: rank and size are mpitrain's (which
+initialises mpitrain, collectively), and the store is a TCPStore served by rank 0 on a free
+port, advertised to the others over MPI (MASTER_ADDR/MASTER_PORT still win when set).  A real
+TCP store, not a local HashStore, so that Gloo groups created beside mpitrain's work too.
+
+In every other case torch's own handler runs unchanged, with its own errors.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib
+import os
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+import torch.distributed as dist
+
+from ... import collectives, runtime, topology
+
+_LAUNCHER_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
+                            "PALS_RANKID")
+
+
+def under_mpi_launcher() -> bool:
+    """True when an MPI launcher started this process, or mpitrain is already running."""
+    if runtime.is_initialized():
+        return True
+    return (topology.env_local_rank() is not None
+            or any(v in os.environ for v in _LAUNCHER_RANK_VARIABLES))
+
+
+def _query(url: str) -> dict[str, str]:
+    return {k: v[-1] for k, v in parse_qs(urlparse(url).query).items()}
+
+
+def _env_complete(url: str) -> bool:
+    query = _query(url)
+    have_rank = "rank" in query or bool(os.environ.get("RANK"))
+    have_size = "world_size" in query or bool(os.environ.get("WORLD_SIZE"))
+    return (have_rank and have_size and bool(os.environ.get("MASTER_ADDR"))
+            and bool(os.environ.get("MASTER_PORT")))
+
+
+def _check_agrees(what: str, given: str | None, mpi_value: int) -> None:
+    if given not in (None, "") and int(given) != mpi_value:
+        raise ValueError(f"init_process_group: {what}={given} disagrees with MPI, which says "
+                         f"{mpi_value}; under mpirun leave it unset or pass MPI's value")
+
+
+def _store(rank: int, size: int, timeout: datetime.timedelta) -> dist.Store:
+    """A TCPStore: at MASTER_ADDR:MASTER_PORT if given, else served by rank 0 on a free port.
+
+    Collective over the job (rank 0 broadcasts where it listens).
+    """
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if addr and port:
+        return dist.TCPStore(addr, int(port), size, rank == 0, timeout=timeout)
+    server = None
+    where: tuple[str, int] | None = None
+    if rank == 0:
+        server = dist.TCPStore("0.0.0.0", 0, size, True, timeout=timeout,
+                               wait_for_workers=False)
+        where = (socket.gethostname(), int(server.port))
+    host, free_port = collectives.broadcast_object(where, root_rank=0,
+                                                   name="c10d.rendezvous.store")
+    if server is not None:
+        return server
+    # Rank 0 on this very machine: the loopback address needs no name resolution.
+    connect = "127.0.0.1" if host == socket.gethostname() else host
+    return dist.TCPStore(connect, free_port, size, False, timeout=timeout)
+
+
+def mpi_rendezvous(url: str, timeout: datetime.timedelta) -> Iterator[tuple[Any, int, int]]:
+    """Yield (store, rank, world_size) from MPI, once (torch's handler protocol)."""
+    runtime.init()
+    rank, size = runtime.rank(), runtime.size()
+    query = _query(url)
+    _check_agrees("rank", query.get("rank", os.environ.get("RANK")), rank)
+    _check_agrees("world_size", query.get("world_size", os.environ.get("WORLD_SIZE")), size)
+    yield _store(rank, size, timeout), rank, size
+    raise RuntimeError("Unable to perform re-rendezvous using env:// under MPI")
+
+
+def install() -> None:
+    """Wrap torch's ``env://`` handler with the MPI fallback (idempotent, communicates nothing)."""
+    # importlib, because torch.distributed.rendezvous is also the name of a function there.
+    rdzv = importlib.import_module("torch.distributed.rendezvous")
+    original: Callable[..., Iterator[Any]] | None = rdzv._rendezvous_handlers.get("env")
+    if original is None or getattr(original, "_mpitrain_fallback", False):
+        return
+
+    def env_or_mpi(url: str, timeout: datetime.timedelta = dist.default_pg_timeout,
+                   **kwargs: Any) -> Iterator[Any]:
+        if _env_complete(url) or not under_mpi_launcher():
+            return original(url, timeout=timeout, **kwargs)
+        return mpi_rendezvous(url, timeout)
+
+    env_or_mpi._mpitrain_fallback = True  # type: ignore[attr-defined]
+    rdzv._rendezvous_handlers["env"] = env_or_mpi
+
+
+__all__ = ["install", "mpi_rendezvous", "under_mpi_launcher"]

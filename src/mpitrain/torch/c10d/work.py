@@ -1,0 +1,190 @@
+"""torch.distributed Work objects for the mpitrain backend, and the thread that completes them.
+
+torch's contract: a collective returns a Work at once; ``wait()`` blocks until it is done (and
+raises its error); ``get_future()`` is a ``torch.futures.Future`` completed with the output
+tensors when the operation finishes, whether or not anybody calls ``wait()`` (stock DDP only
+chains callbacks on the future).  Something must therefore complete futures on its own:
+
+* engine collectives call back (``Handle.add_done_callback``, on the engine thread) into a
+  per-process-group :class:`Progress` thread, which runs the Work's finishing step (copying
+  results into torch's output tensors), then completes the future.  Future callbacks, which
+  are user code, thus never run on the engine thread;
+* point-to-point Works hold an MPI request that only the progress thread tests, backing off
+  from yields to 1 ms sleeps while any is pending, so nothing spins.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ...errors import MpitrainInternalError
+
+_MAX_SLEEP_S = 1e-3
+
+
+def _seconds(timeout: Any) -> float | None:
+    """torch passes kNoTimeout (a negative duration) or a timedelta; None means forever."""
+    if timeout is None:
+        return None
+    if isinstance(timeout, datetime.timedelta):
+        seconds = timeout.total_seconds()
+    else:
+        seconds = float(timeout) / 1e3  # C++ callers pass milliseconds
+    return None if seconds <= 0 else seconds
+
+
+class Work(dist._Work):
+    """One operation of the mpitrain process group.
+
+    Args:
+        outputs: what ``result()`` and the future's value are (the output tensors).
+        finish: run once on the progress thread when the transport is done; raises on failure.
+        poll: for point-to-point Works, returns True once the MPI request has completed.
+        describe: a short name for error messages.
+    """
+
+    def __init__(self, outputs: list[Any], finish: Callable[[], None] | None = None,
+                 poll: Callable[[], bool] | None = None, describe: str = "operation") -> None:
+        super().__init__()
+        self._outputs = outputs
+        self._finish = finish
+        self._poll = poll
+        self._describe = describe
+        self._future: torch.futures.Future = torch.futures.Future()
+        self._event = threading.Event()
+        self._error: BaseException | None = None
+        self.source_rank_value = -1
+
+    # ------------------------------------------------------------------ progress side
+    def complete(self) -> None:
+        """Finish on the progress thread: run the finishing step, then resolve the future."""
+        try:
+            if self._finish is not None:
+                self._finish()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiter and the future
+            self._error = exc
+        self._finish = None
+        self._event.set()
+        if self._error is None:
+            self._future.set_result(self._outputs)
+        else:
+            error = self._error if isinstance(self._error, Exception) else RuntimeError(
+                str(self._error))
+            self._future.set_exception(error)
+
+    def polled_done(self) -> bool:
+        assert self._poll is not None
+        try:
+            return self._poll()
+        except BaseException as exc:  # noqa: BLE001 - an MPI error ends this Work
+            self._error = exc
+            return True
+
+    # ------------------------------------------------------------------ torch's API
+    def wait(self, timeout: Any = None) -> bool:
+        """Block until the operation finished; raise its error if it failed.
+
+        Raises:
+            MpitrainInternalError: the operation failed, or ``timeout`` passed first.
+        """
+        seconds = _seconds(timeout)
+        if not self._event.wait(seconds):
+            raise MpitrainInternalError(f"mpitrain backend: {self._describe} did not finish "
+                                        f"within {seconds} s")
+        if self._error is not None:
+            if isinstance(self._error, (MpitrainInternalError, ValueError, TypeError)):
+                raise self._error
+            raise MpitrainInternalError(f"mpitrain backend: {self._describe} failed: "
+                                        f"{self._error}") from self._error
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._event.is_set()
+
+    def is_success(self) -> bool:
+        return self._event.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[Any]:
+        self.wait()
+        return self._outputs
+
+    def _source_rank(self) -> int:
+        return self.source_rank_value
+
+    def source_rank(self) -> int:
+        return self.source_rank_value
+
+    def synchronize(self) -> None:
+        self.wait()
+
+
+class Progress:
+    """The thread that completes one process group's Works (see the module docstring)."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition(threading.Lock())
+        self._ready: list[Work] = []
+        self._new_polls: list[Work] = []
+        self._thread: threading.Thread | None = None
+
+    def ready(self, work: Work) -> None:
+        """``work``'s transport is done: finish it soon.  Callable from any thread."""
+        with self._cond:
+            self._ready.append(work)
+            self._start_locked()
+            self._cond.notify()
+
+    def watch(self, work: Work) -> None:
+        """Poll ``work`` (an MPI request) until it completes, then finish it."""
+        with self._cond:
+            self._new_polls.append(work)
+            self._start_locked()
+            self._cond.notify()
+
+    def _start_locked(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name=f"mpitrain-c10d-{self._name}",
+                                             daemon=True)
+            self._thread.start()
+
+    def _run(self) -> None:
+        polling: list[Work] = []
+        sleep = 0.0
+        while True:
+            with self._cond:
+                if not self._ready and not self._new_polls:
+                    self._cond.wait(sleep if polling else None)
+                ready, self._ready = self._ready, []
+                polling.extend(self._new_polls)
+                self._new_polls = []
+            for work in ready:
+                work.complete()
+            still = []
+            for work in polling:
+                if work.polled_done():
+                    work.complete()
+                else:
+                    still.append(work)
+            progressed = bool(ready) or len(still) < len(polling)
+            polling = still
+            # Back off while requests stay pending: yield first, then sleep up to 1 ms.
+            sleep = 0.0 if progressed else min(_MAX_SLEEP_S, max(sleep * 2, 2e-5))
+            if polling and sleep == 0.0:
+                time.sleep(0)
+
+
+__all__ = ["Progress", "Work"]

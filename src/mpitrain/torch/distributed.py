@@ -1,0 +1,152 @@
+"""``import mpitrain.torch.distributed as dist``: the torch.distributed calls a DDP script makes.
+
+A script written against torch.distributed switches two imports and keeps the rest:
+
+    import mpitrain.torch.distributed as dist
+    from mpitrain.torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group(backend="nccl")     # any name: mpitrain initialises from MPI
+    model = DDP(model)
+
+Everything here runs on mpitrain's runtime; no torch process group is created (for code that
+needs one, ``torch.distributed.init_process_group(backend="mpitrain")`` gives one whose
+collectives also run on mpitrain).
+
+``use_mpitrain`` is AIACC-style feature detection: it is True in this module, meaning that
+collectives issued through it and through the DDP drop-in run on mpitrain's engine, so a script
+that may also run on stock torch can test ``getattr(dist, "use_mpitrain", False)``.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import torch
+
+from .. import collectives, runtime
+from ..engine.request import Handle, Kind, Request
+from ..process_sets import ProcessSet, _set_of, global_process_set
+
+use_mpitrain = True
+
+
+def init_process_group(backend: str | None = None, init_method: str | None = None,
+                       timeout: datetime.timedelta | None = None, world_size: int = -1,
+                       rank: int = -1, store: Any = None, group_name: str = "",
+                       pg_options: Any = None, device_id: Any = None) -> None:
+    """Initialise mpitrain (collective over the job); torch's signature, MPI's rank and size.
+
+    ``backend`` may be any name ("nccl", "gloo", "mpitrain", ...): mpitrain chooses its own
+    transport.  ``init_method``, ``store``, ``timeout``, ``group_name``, ``pg_options`` and
+    ``device_id`` are accepted for compatibility and not needed: MPI already knows the job.
+
+    Raises:
+        ValueError: ``world_size`` or ``rank`` was given and disagrees with MPI.
+    """
+    del backend, init_method, timeout, store, group_name, pg_options, device_id
+    runtime.init()
+    if world_size not in (-1, None) and int(world_size) != runtime.size():
+        raise ValueError(f"init_process_group(world_size={world_size}) disagrees with MPI's "
+                         f"{runtime.size()} processes; leave it at -1 under mpirun")
+    if rank not in (-1, None) and int(rank) != runtime.rank():
+        raise ValueError(f"init_process_group(rank={rank}) disagrees with MPI's rank "
+                         f"{runtime.rank()}; leave it at -1 under mpirun")
+
+
+def destroy_process_group(group: Any = None) -> None:
+    """Shut mpitrain down (collective; requests still in flight fail)."""
+    del group
+    runtime.shutdown()
+
+
+def is_initialized() -> bool:
+    """True once :func:`init_process_group` (or ``mpitrain.init``) has run."""
+    return runtime.is_initialized()
+
+
+def is_available() -> bool:
+    """True: mpitrain's distributed support is always built."""
+    return True
+
+
+def get_rank(group: ProcessSet | None = None) -> int:
+    """This process's rank in the job, or in ``group`` (a ProcessSet; -1 if not a member)."""
+    if group is None or group is global_process_set:
+        return runtime.rank()
+    set_rank = group.rank()
+    return -1 if set_rank is None else set_rank
+
+
+def get_world_size(group: ProcessSet | None = None) -> int:
+    """Number of processes in the job, or in ``group`` (a registered ProcessSet)."""
+    if group is None or group is global_process_set:
+        return runtime.size()
+    size = group.size()
+    if size is None:
+        raise ValueError(f"{group!r} is not registered")
+    return size
+
+
+def get_local_rank() -> int:
+    """This process's index on its node (what torchrun calls LOCAL_RANK)."""
+    return runtime.local_rank()
+
+
+def get_local_world_size() -> int:
+    """Number of processes on this node."""
+    return runtime.local_size()
+
+
+def barrier(group: ProcessSet | None = None, async_op: bool = False,
+            device_ids: Any = None) -> Handle | None:
+    """Wait until every rank of the job (or of ``group``) has entered the barrier.
+
+    Returns:
+        With ``async_op=True`` a handle whose ``wait()`` returns once everyone has arrived;
+        otherwise None, after everyone has.
+    """
+    del device_ids
+    process_set = global_process_set if group is None else group
+    set_id = _set_of(process_set)
+    engine = runtime.state().engine
+    request = Request(name=engine.next_name(set_id, Kind.BARRIER), kind=Kind.BARRIER,
+                      entries=[], process_set_id=set_id)
+    handle: Handle = engine.submit(request)
+    if async_op:
+        return handle
+    handle.wait()
+    return None
+
+
+def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,
+                              process_set: ProcessSet = global_process_set) -> None:
+    """Overwrite every rank's optimizer state (and hyper-parameters) with ``root_rank``'s.
+
+    Collective over ``process_set``: every member must call it, with optimizers built over
+    parameters of the same shapes in the same order.  The state dict travels pickled in one
+    broadcast; parameters themselves are not touched (broadcast them with the model).
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"broadcast_optimizer_state takes a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    is_root = runtime.rank() == root_rank
+    state = optimizer.state_dict() if is_root else None
+    state = collectives.broadcast_object(state, root_rank=root_rank, process_set=process_set)
+    if not is_root:
+        optimizer.load_state_dict(state)
+
+
+__all__ = [
+    "barrier",
+    "broadcast_optimizer_state",
+    "destroy_process_group",
+    "get_local_rank",
+    "get_local_world_size",
+    "get_rank",
+    "get_world_size",
+    "init_process_group",
+    "is_available",
+    "is_initialized",
+    "use_mpitrain",
+]
