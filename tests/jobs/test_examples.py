@@ -26,28 +26,34 @@ def _has_tensorflow() -> bool:
 HAS_TF = _has_tensorflow()
 needs_tf = pytest.mark.skipif(not HAS_TF, reason="needs pip install 'mpitrain[tensorflow]'")
 
-# (script, brief arguments, a file rank 0's checkpoint must leave)
+# (script, brief arguments, a file rank 0's checkpoint must leave, extra environment)
 EXAMPLES = [
     pytest.param("tensorflow_style/tf2_custom_loop.py", ["--epochs", "4"], "model.weights.h5",
-                 marks=needs_tf, id="tf2_custom_loop"),
-    pytest.param("tensorflow_style/keras_fit.py", ["--epochs", "4"], "model.weights.h5",
+                 {}, marks=needs_tf, id="tf2_custom_loop"),
+    pytest.param("tensorflow_style/keras_fit.py", ["--epochs", "4"], "model.weights.h5", {},
                  marks=needs_tf, id="keras_fit"),
-    pytest.param("mxnet_style/kvstore_numpy_mlp.py", ["--epochs", "5"], "params.npz",
+    pytest.param("mxnet_style/kvstore_numpy_mlp.py", ["--epochs", "5"], "params.npz", {},
                  id="kvstore_numpy_mlp"),
     pytest.param("mxnet_style/kvstore_numpy_mlp.py",
-                 ["--epochs", "5", "--gradient-compression", "2bit"], "optimizer.states",
+                 ["--epochs", "5", "--gradient-compression", "2bit"], "optimizer.states", {},
                  id="kvstore_numpy_mlp-2bit"),
     pytest.param("mxnet_style/kvstore_pushpull_local_optimizer.py", ["--epochs", "4"],
-                 "checkpoint.pt", id="kvstore_pushpull_local_optimizer"),
+                 "checkpoint.pt", {}, id="kvstore_pushpull_local_optimizer"),
     pytest.param("mxnet_style/gluon_trainer.py", ["--epochs", "4", "--horovod"],
-                 "trainer.states", id="gluon_trainer-horovod"),
+                 "trainer.states", {}, id="gluon_trainer-horovod"),
+    pytest.param("mxnet_style/sync_batchnorm.py", ["--epochs", "6", "--comm-scope", "global"],
+                 "model.pt", {}, id="sync_batchnorm-global"),
+    # Two emulated nodes of one rank each, so that "local" is not "global".
+    pytest.param("mxnet_style/sync_batchnorm.py", ["--epochs", "6", "--comm-scope", "local"],
+                 "model.pt", {"MPITRAIN_LOCAL_SIZE": "1"}, id="sync_batchnorm-local"),
 ]
 
 
-def run_example(script: str, args: list[str], checkpoint_dir: Path) -> tuple[str, float]:
+def run_example(script: str, args: list[str], checkpoint_dir: Path,
+                env: dict[str, str] | None = None) -> tuple[str, float]:
     argv = [sys.executable, str(ROOT / "examples" / script), *args,
             "--checkpoint-dir", str(checkpoint_dir)]
-    result = run_job(2, argv, env={"TF_CPP_MIN_LOG_LEVEL": "3"}, timeout=300)
+    result = run_job(2, argv, env={"TF_CPP_MIN_LOG_LEVEL": "3", **(env or {})}, timeout=300)
     assert result.returncode == 0, f"{script} failed:\n{result.stdout[-3000:]}\n" \
                                    f"{result.stderr[-5000:]}"
     found = re.findall(r"accuracy (\d\.\d+)", result.stdout)
@@ -55,9 +61,9 @@ def run_example(script: str, args: list[str], checkpoint_dir: Path) -> tuple[str
     return result.stdout, float(found[-1])
 
 
-@pytest.mark.parametrize(("script", "args", "artifact"), EXAMPLES)
-def test_example_trains_on_two_ranks(script, args, artifact, tmp_path):
-    stdout, accuracy = run_example(script, args, tmp_path)
+@pytest.mark.parametrize(("script", "args", "artifact", "env"), EXAMPLES)
+def test_example_trains_on_two_ranks(script, args, artifact, env, tmp_path):
+    stdout, accuracy = run_example(script, args, tmp_path, env)
     print(f"{script} {' '.join(args)}: accuracy {accuracy:.4f}")
     assert accuracy > 0.85, stdout[-3000:]
     assert (tmp_path / artifact).exists(), sorted(p.name for p in tmp_path.iterdir())
