@@ -1,0 +1,92 @@
+"""``import mpitrain.tensorflow as hvd``: Horovod's TensorFlow API on TensorFlow 2 and Keras 3.
+
+Needs the optional extra (``pip install 'mpitrain[tensorflow]'``); ``import mpitrain`` never
+imports TensorFlow.  Collectives run through mpitrain's engine on the tensors' numpy values:
+eagerly as plain calls, inside ``tf.function`` and ``tf.compat.v1`` graphs as
+``tf.numpy_function`` ops (see :mod:`mpitrain.tensorflow._bridge` for how the order across
+ranks is kept).  XLA (``jit_compile=True``) cannot compile those ops and is refused.
+"""
+
+try:
+    import tensorflow as _tf  # noqa: F401 - fail here, with the remedy, if it is missing
+except ImportError as _exc:  # pragma: no cover - depends on the environment
+    raise ImportError("mpitrain.tensorflow needs TensorFlow: pip install "
+                      "'mpitrain[tensorflow]' (tensorflow-cpu >= 2.16 with Keras 3)") from _exc
+
+from ..collectives import (
+    Average,
+    Max,
+    Min,
+    Product,
+    Sum,
+    allgather_object,
+    barrier,
+    broadcast_object,
+    join,
+)
+from ..compression import Compression
+from ..errors import HorovodInternalError, MpitrainInternalError
+from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ..runtime import (
+    cross_rank,
+    cross_size,
+    is_initialized,
+    local_rank,
+    local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    rank,
+    shutdown,
+    size,
+)
+from . import keras
+from .basics import init
+from .functions import broadcast_global_variables, broadcast_variables
+from .gradients import DistributedGradientTape, GradientReducer
+from .hooks import BroadcastGlobalVariablesHook
+from .mpi_ops import allgather, allreduce, broadcast, grouped_allreduce, grouped_broadcast
+from .optimizer import DistributedOptimizer
+
+__all__ = [
+    "Average",
+    "BroadcastGlobalVariablesHook",
+    "Compression",
+    "DistributedGradientTape",
+    "DistributedOptimizer",
+    "GradientReducer",
+    "HorovodInternalError",
+    "Max",
+    "Min",
+    "MpitrainInternalError",
+    "ProcessSet",
+    "Product",
+    "Sum",
+    "add_process_set",
+    "allgather",
+    "allgather_object",
+    "allreduce",
+    "barrier",
+    "broadcast",
+    "broadcast_global_variables",
+    "broadcast_object",
+    "broadcast_variables",
+    "cross_rank",
+    "cross_size",
+    "global_process_set",
+    "grouped_allreduce",
+    "grouped_broadcast",
+    "init",
+    "is_initialized",
+    "join",
+    "keras",
+    "local_rank",
+    "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "rank",
+    "remove_process_set",
+    "shutdown",
+    "size",
+]

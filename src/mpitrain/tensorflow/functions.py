@@ -1,0 +1,57 @@
+"""Broadcasting model state: variables (TF2) and a graph's global variables (tf.compat.v1)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import tensorflow as tf
+
+from ..process_sets import ProcessSet, global_process_set
+from .mpi_ops import grouped_broadcast
+
+
+def broadcast_variables(variables: Iterable[Any], root_rank: int,
+                        process_set: ProcessSet = global_process_set,
+                        inplace: bool = False) -> Any:
+    """Overwrite every variable with ``root_rank``'s value, in one fused op.
+
+    Use it once after the model (and the optimizer's slots) exist, so every rank starts from
+    the same state.  Every rank must call it with the same variables in the same order.
+
+    Args:
+        variables: ``tf.Variable`` or ``keras.Variable`` objects (e.g. ``model.variables``, ``opt.variables``).
+        root_rank: the world rank whose values win.
+        process_set: the ranks taking part (default: all).
+        inplace: accepted for Horovod compatibility; values are always assigned in place.
+
+    Returns:
+        ``None`` eagerly; in a graph, an op that performs every assignment.
+
+    Raises:
+        TypeError: something in ``variables`` is not a variable.
+    """
+    del inplace
+    variables = list(variables)
+    for i, v in enumerate(variables):
+        if not callable(getattr(v, "assign", None)):  # tf.Variable or keras.Variable
+            raise TypeError(f"variables[{i}] is a {type(v).__name__}, not a variable")
+    values = grouped_broadcast(variables, root_rank, process_set=process_set)
+    assigns = [v.assign(value) for v, value in zip(variables, values)]
+    if tf.executing_eagerly():
+        return None
+    return tf.group(*assigns)
+
+
+def broadcast_global_variables(root_rank: int) -> Any:
+    """An op that broadcasts every global variable of the default ``tf.compat.v1`` graph.
+
+    Raises:
+        RuntimeError: called eagerly, where there are no global variables; use
+            :func:`broadcast_variables` on ``model.variables`` instead.
+    """
+    if tf.executing_eagerly():
+        raise RuntimeError("broadcast_global_variables() needs a tf.compat.v1 graph (there "
+                           "are no global variables eagerly); call broadcast_variables("
+                           "model.variables, root_rank) instead")
+    return broadcast_variables(tf.compat.v1.global_variables(), root_rank)

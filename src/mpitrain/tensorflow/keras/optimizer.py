@@ -1,0 +1,82 @@
+"""A Keras 3 DistributedOptimizer: the wrapped optimizer's ``apply`` sees averaged gradients.
+
+Keras 3 optimizers have no ``get_gradients`` to hook; every update, from ``model.fit`` or from
+``apply_gradients``, passes through ``apply(grads, trainable_variables)``, so that is what is
+overridden.  The returned optimizer is an instance of a subclass of the user's optimizer class
+(same name and module, so saved configurations load as the plain optimizer).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+
+from ...compression import Compression, Compressor
+from ...ops.types import ReduceOp
+from ...process_sets import ProcessSet, global_process_set
+from ..gradients import GradientReducer
+
+
+class _DistributedApplyMixin:
+    """Reduces gradients across ranks before the optimizer class it is mixed into applies them."""
+
+    _mpitrain_reducer: GradientReducer
+
+    def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
+        """Average ``grads`` across the process set (one fused request), then apply them.
+
+        Every rank must call this for the same variables, in the same order.
+        """
+        reduced = self._mpitrain_reducer.reduce(list(grads))
+        return super().apply(reduced, trainable_variables)  # type: ignore[misc]
+
+
+def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None = None,
+                         device_dense: str = "", device_sparse: str = "",
+                         compression: type[Compressor] = Compression.none,
+                         sparse_as_dense: bool = False,
+                         gradient_predivide_factor: float = 1.0, op: Any = ReduceOp.AVERAGE,
+                         process_set: ProcessSet = global_process_set) -> Any:
+    """Return a copy of a Keras 3 optimizer that averages gradients across ranks.
+
+    Use it in place of the original (``model.compile(optimizer=hvd.DistributedOptimizer(opt),
+    jit_compile=False)``), usually with the learning rate scaled by ``hvd.size()``.  The copy
+    is made from the optimizer's config, so wrap it before training starts.
+
+    Args:
+        optimizer: a ``keras.optimizers.Optimizer`` (not yet used for training).
+        name: a new name for the optimizer (default: the original's).
+        device_dense: accepted for Horovod compatibility.
+        device_sparse: accepted for Horovod compatibility.
+        compression: wire format for dense floating gradients (e.g. ``Compression.fp16``).
+        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors.
+        gradient_predivide_factor: see :class:`mpitrain.tensorflow.gradients.GradientReducer`.
+        op: Average (default) or Sum.
+        process_set: the ranks taking part (default: all).
+
+    Returns:
+        The distributed optimizer.
+
+    Raises:
+        TypeError: ``optimizer`` is not a Keras 3 optimizer.
+        ValueError: it is already distributed, or a bad op/factor.
+    """
+    del device_dense, device_sparse
+    if not isinstance(optimizer, keras.optimizers.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedApplyMixin):
+        raise ValueError("this optimizer is already distributed; wrapping it again would "
+                         "reduce every gradient twice")
+    reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
+                              process_set)
+    base: Any = type(optimizer)
+    cls: Any = type(base.__name__, (_DistributedApplyMixin, base),
+               {"__module__": base.__module__, "__doc__": base.__doc__})
+    config = optimizer.get_config()
+    if name is not None:
+        config["name"] = name
+    distributed = cls.from_config(config)
+    distributed._mpitrain_reducer = reducer
+    return distributed
