@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -69,11 +71,49 @@ def job_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def _descendants(pid: int) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _kill_tree(pid: int) -> None:
+    """SIGKILL ``pid`` and all its descendants (launchers may put ranks in other groups)."""
+    for victim in [*_descendants(pid), pid]:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(victim, signal.SIGKILL)
+
+
 def run_job(np: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
             timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` on ``np`` ranks; a hang raises subprocess.TimeoutExpired (killing the job)."""
-    return subprocess.run(mpirun_command(np, argv), env=job_env(env), cwd=cwd or ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    """Run ``argv`` on ``np`` ranks; a hang raises subprocess.TimeoutExpired (killing the job).
+
+    A timeout kills mpirun and every process below it (ranks orphaned by a killed mpirun
+    would otherwise linger and load the machine).
+    """
+    with subprocess.Popen(mpirun_command(np, argv), env=job_env(env), cwd=cwd or ROOT,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          ) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            _kill_tree(proc.pid)
+            out, err = proc.communicate()
+            raise subprocess.TimeoutExpired(exc.cmd, timeout, output=out, stderr=err) from None
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 def run_python(np: int, code: str, env: Mapping[str, str] | None = None,

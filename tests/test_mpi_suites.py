@@ -54,7 +54,7 @@ def test_mpi_suite(path: Path, config: str) -> None:
             result = run_job(np_, argv, env=job_env, timeout=JOB_TIMEOUT)
         except subprocess.TimeoutExpired as exc:
             pytest.fail(f"{path.name} at {config} hung for {JOB_TIMEOUT:.0f} s:\n"
-                        f"{(exc.stdout or b'')!s}"[-8000:])
+                        f"{exc.stdout or ''}\n{exc.stderr or ''}"[-8000:])
         logs = "".join(f"\n--- rank {p.stem} ---\n{p.read_text()[-4000:]}"
                        for p in sorted(Path(logdir).glob("*.log")))
     if result.returncode != 0:
