@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import mmap
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -12,27 +10,8 @@ from typing import Any
 import numpy as np
 
 from ..config import Config
+from ..memory import page_aligned_empty
 from ..topology import Communicators, Topology
-
-# Buffers from this size up are placed on their own pages and asked to use huge pages:
-# a 64 MiB buffer then costs 32 page faults instead of 16,384 the first time it is touched.
-HUGE_PAGE_MIN_BYTES = 4 << 20
-_HUGE = 2 << 20
-
-
-def page_aligned_empty(nbytes: int) -> np.ndarray:
-    """An uninitialised byte array; large ones anonymous-mapped with MADV_HUGEPAGE advice."""
-    if nbytes < HUGE_PAGE_MIN_BYTES:
-        return np.empty(max(nbytes, 1), dtype=np.uint8)[:nbytes]
-    length = (nbytes + _HUGE - 1) // _HUGE * _HUGE
-    region = mmap.mmap(-1, length + _HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    raw = np.frombuffer(region, dtype=np.uint8)
-    start = (-int(raw.__array_interface__["data"][0])) % _HUGE  # align to a huge page
-    advice = getattr(mmap, "MADV_HUGEPAGE", None)
-    if advice is not None:
-        with contextlib.suppress(OSError, ValueError):  # kernels without huge pages
-            region.madvise(advice, start, length)
-    return raw[start:start + nbytes]
 
 
 @dataclass
