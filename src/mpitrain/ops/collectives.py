@@ -3,8 +3,8 @@
 Allreduce (``MPITRAIN_ALLREDUCE_ALGORITHM``, default ``auto``):
 
 * below :data:`MPI_MAX_BYTES` (:data:`MPI_MAX_BYTES_OVERSUBSCRIBED` where some machine runs
-  more ranks than it has cores, or across nodes), MPI's own Allreduce: it needs one
-  synchronisation where the shared-memory algorithms need three;
+  more ranks than it has cores), MPI's own Allreduce: it needs one synchronisation where the
+  shared-memory algorithms need three;
 * one node: ``shm`` (staged through a shared window where ranks cannot read each other's
   memory directly);
 * several nodes: ``hierarchical`` (shared memory inside, a ring per local rank across);
@@ -34,7 +34,9 @@ from .types import ReduceOp
 # Measured crossovers (benchmarks/allreduce.py, see README): MPI's Allreduce wins below.
 # p=2 on 2 cores: shm is level with MPI at 256 KiB and 1.4x faster at 1 MiB.  p=4 on 2 cores
 # and the emulated 2x2: every synchronisation waits for a descheduled rank, and MPI stays
-# ahead up to 1 MiB; shm/hierarchical lead from 4 MiB.
+# ahead up to 1 MiB; shm/hierarchical lead from 4 MiB.  Across network namespaces joined by
+# a 10 Gbit/s-shaped link (benchmarks/netns_allreduce.py, 2 hosts x 2 ranks) MPI led at
+# 256 KiB and hierarchical was level or ahead from 1 MiB.
 MPI_MAX_BYTES = 1 << 20
 MPI_MAX_BYTES_OVERSUBSCRIBED = 4 << 20
 # Allgather/broadcast/reducescatter through shared memory from this many bytes in total.
@@ -64,8 +66,8 @@ def choose_allreduce(group: Group, nbytes: int, algorithm: str | None = None) ->
     if topo.size == 1:
         return "ring" if algo != "mpi" else "mpi"  # ring of one: a fused local scaling
     if algo == "auto":
-        crowded = topo.num_nodes > 1 or group.oversubscribed()
-        if nbytes < (MPI_MAX_BYTES_OVERSUBSCRIBED if crowded else MPI_MAX_BYTES):
+        limit = MPI_MAX_BYTES_OVERSUBSCRIBED if group.oversubscribed() else MPI_MAX_BYTES
+        if nbytes < limit:
             return "mpi"
         algo = "shm" if topo.num_nodes == 1 else "hierarchical"
     if algo == "shm" and topo.num_nodes > 1:
