@@ -63,9 +63,15 @@ def _sparse_allreduce_async(grad: torch.Tensor, name: str, op: ReduceOp,
         if op == ReduceOp.AVERAGE:
             values = values / len(runtime.state().engine.process_set(
                 _set_of(process_set)).world_ranks)
-        return torch.sparse_coo_tensor(indices.t(), values, t.size()).coalesce()
+        return torch.sparse_coo_tensor(indices.t(), values, t.size(),
+                                       check_invariants=False).coalesce()
 
     return result
+
+
+def _lives_in(grad: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether ``grad`` is (still) the bucket view, not a tensor autograd made anew."""
+    return grad.layout == torch.strided and grad.data_ptr() == view.data_ptr()
 
 
 def _positive_int(value: Any, what: str) -> int:
@@ -203,7 +209,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = p.grad
         if view is None or grad is None or grad.layout != torch.strided:
             return
-        if grad.data_ptr() != view.data_ptr():
+        if not _lives_in(grad, view):
             view.copy_(grad)
             p.grad = view
 
@@ -350,7 +356,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 if grad is None:
                     continue
                 view = self._views.get(p)
-                if view is not None and grad.data_ptr() == view.data_ptr():
+                if view is not None and _lives_in(grad, view):
                     continue
                 if set_to_none:
                     p.grad = None
