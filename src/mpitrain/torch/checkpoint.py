@@ -11,6 +11,10 @@ the keyword extras in one file (temporary file, fsync, rename, fsync of the dire
 the job mid-write leaves the previous checkpoint as it was).  Loading reads the file on rank 0
 only, broadcasts its bytes, and restores everything on every rank, each rank getting its own
 random states back, so a resumed run continues bit for bit as if it had never stopped.
+The model is rank 0's: buffers that ranks keep for themselves (BatchNorm running statistics
+without SyncBatchNorm) come back as rank 0's on every rank.  A DataLoader draws from torch's
+global generator whenever an iteration starts; give it ``generator=torch.Generator()`` so that
+resuming mid-epoch (one extra start) does not shift the random stream.
 
 Files are written with ``torch.save`` and read with ``weights_only=False`` (they hold numpy
 random states): load only checkpoints you wrote.
