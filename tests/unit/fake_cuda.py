@@ -62,6 +62,14 @@ class FakeDevice:
                     raise AssertionError(f"deadlock: {stream.name} waits on an event never "
                                          "recorded")
 
+    def host_wait(self, event):
+        while True:
+            with self.lock:
+                if event.done:
+                    return
+                if not self._step():
+                    raise AssertionError("deadlock: waiting for an event never recorded")
+
     # ------------------------------------------------------------- device work
     def launch(self, stream, label, fn):
         with self.lock:

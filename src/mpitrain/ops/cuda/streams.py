@@ -41,6 +41,9 @@ class StreamBackend(Protocol):
     def synchronize(self, stream: Any) -> None:
         """Block the host until ``stream`` has finished all work enqueued so far."""
 
+    def host_wait(self, event: Any) -> None:
+        """Block the host until ``event`` has happened."""
+
 
 def split(count: int, channels: int, align: int = 1, min_chunk: int = 1) -> list[tuple[int, int]]:
     """Cut ``count`` elements into at most ``channels`` contiguous slices, in order.
@@ -177,6 +180,9 @@ class CupyStreams:
 
     def synchronize(self, stream: Any) -> None:
         stream.synchronize()
+
+    def host_wait(self, event: Any) -> None:
+        event.synchronize()
 
     def external(self, pointer: int) -> Any:
         """A cupy view of a stream another framework owns (torch's current stream)."""
