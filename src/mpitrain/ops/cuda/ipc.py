@@ -136,48 +136,57 @@ class Window:
             self.own = None
         self.capacity = 0
 
-    def close(self) -> None:
-        """Close peers' handles and free this window (collective: peers must stop using it)."""
-        self._release(barrier=self.own is not None)
+    def close(self, collective: bool = True) -> None:
+        """Close peers' handles and free this window.
+
+        Collective by default (peers must stop using it first); at shutdown, when every rank is
+        tearing down anyway and a dead peer must not hang the others, ``collective=False``.
+        """
+        self._release(barrier=collective and self.own is not None)
 
 
 def reduce_scatter_phase(window: Window, ops: DeviceOps, dtype: str, op: ReduceOp,
                          lo: int, hi: int, prescale: float, postscale: float,
-                         align: int = 1) -> tuple[int, int]:
+                         align: int = 1, comm: Any = None) -> tuple[int, int]:
     """Reduce this rank's slice of [lo, hi) from every window into its own window.
 
     The caller has enqueued this rank's data into its window [lo, hi) on ``ops``' stream.
+    ``comm`` is the channel's local communicator (the window's by default): channels work on
+    disjoint ranges of one window and synchronise among themselves only.
     Returns the (start, stop) this rank owns, absolute.
     """
+    comm = window.comm if comm is None else comm
     ops.synchronize()
-    window.comm.Barrier()  # every window holds its rank's data
+    comm.Barrier()  # every window holds its rank's data
     start, stop = owner_slices(hi - lo, window.size, align)[window.rank]
     if stop > start:
         inputs = window.views(dtype, lo + start, lo + stop)
         ops.reduce(inputs, inputs[window.rank], dtype, op, prescale, postscale)
     ops.synchronize()
-    window.comm.Barrier()  # every slice is reduced
+    comm.Barrier()  # every slice is reduced
     return lo + start, lo + stop
 
 
 def allgather_phase(window: Window, ops: DeviceOps, dtype: str, lo: int, hi: int,
-                    out: Callable[[int, int], Any], align: int = 1) -> None:
+                    out: Callable[[int, int], Any], align: int = 1, comm: Any = None) -> None:
     """Copy every rank's reduced slice of [lo, hi) into ``out(start, stop)``.
 
     ``out(start, stop)`` returns the destination for elements [start, stop) (absolute): the
     caller's output buffer, or the window itself before an unpack.
     """
+    comm = window.comm if comm is None else comm
     for r, (start, stop) in enumerate(owner_slices(hi - lo, window.size, align)):
         if stop > start:
             src = window.views(dtype, lo + start, lo + stop)[r]
             ops.copy(out(lo + start, lo + stop), src)
     ops.synchronize()
-    window.comm.Barrier()  # nobody refills its window while a peer still copies from it
+    comm.Barrier()  # nobody refills its window while a peer still copies from it
 
 
 def allreduce(window: Window, ops: DeviceOps, dtype: str, op: ReduceOp, lo: int, hi: int,
               prescale: float, postscale: float, out: Callable[[int, int], Any],
-              cross: Callable[[int, int], None] | None = None, align: int = 1) -> None:
+              cross: Callable[[int, int], None] | None = None, align: int = 1,
+              comm: Any = None) -> None:
     """Allreduce window elements [lo, hi) across the node (and across nodes via ``cross``).
 
     Args:
@@ -186,16 +195,17 @@ def allreduce(window: Window, ops: DeviceOps, dtype: str, op: ReduceOp, lo: int,
             node and postscale after the cross-node step.
     """
     post_local = postscale if cross is None else 1.0
+    comm = window.comm if comm is None else comm
     start, stop = reduce_scatter_phase(window, ops, dtype, op, lo, hi, prescale, post_local,
-                                       align)
+                                       align, comm)
     if cross is not None:
         cross(start, stop)
         if postscale != 1.0 and stop > start:
             mine = window.views(dtype, start, stop)[window.rank]
             ops.reduce([mine], mine, dtype, ReduceOp.SUM, 1.0, postscale)
         ops.synchronize()
-        window.comm.Barrier()
-    allgather_phase(window, ops, dtype, lo, hi, out, align)
+        comm.Barrier()
+    allgather_phase(window, ops, dtype, lo, hi, out, align, comm)
 
 
 class CupyIpc:

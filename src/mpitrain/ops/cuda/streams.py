@@ -106,7 +106,7 @@ class Channels:
         return len(self.channels)
 
     def run(self, framework_stream: Any, ready: Any, count: int, work: Work, align: int = 1,
-            min_chunk: int = 1) -> list[Any]:
+            min_chunk: int = 1, join: Sequence[Any] | None = None) -> list[Any]:
         """Run ``work(channel, start, stop)`` for each slice of ``count`` elements.
 
         Args:
@@ -115,9 +115,10 @@ class Channels:
                 one now.
             work: enqueues the slice's kernels on ``channel.stream`` and does its
                 communication on ``channel.comm``.
+            join: the streams made to wait for every channel (default: the framework's).
 
         Returns:
-            The channels' end events, which ``framework_stream`` has been made to wait on.
+            The channels' end events, which the ``join`` streams have been made to wait on.
 
         Raises:
             The first exception a slice raised, after every slice has finished.
@@ -143,8 +144,9 @@ class Channels:
                 errors.append(exc)
         if errors:
             raise errors[0]
-        for event in done:
-            self.backend.wait(framework_stream, event)
+        for stream in [framework_stream] if join is None else join:
+            for event in done:
+                self.backend.wait(stream, event)
         return done
 
     def _lane(self, channel: Channel, ready: Any, work: Work, start: int, stop: int) -> Any:
