@@ -1,9 +1,11 @@
-"""The bridge between users' arrays (torch tensors, numpy arrays) and the engine's buffers.
+"""The bridge between users' arrays (torch tensors, numpy/cupy arrays) and the engine's buffers.
 
-The engine moves flat numpy arrays of a storage type plus a logical type name (see
-:mod:`mpitrain.ops.types`).  Here a torch CPU tensor or a numpy array becomes such a view with
-no copy, and results are allocated in the caller's framework so that what comes back is the
-same kind of object that went in.  CUDA tensors and cupy arrays come with the GPU data plane.
+The engine moves flat arrays of a storage type plus a logical type name (see
+:mod:`mpitrain.ops.types`).  Here a torch CPU tensor or a numpy array becomes a numpy view with
+no copy; a CUDA tensor, a cupy array or any ``__cuda_array_interface__`` array becomes a cupy
+view of the same device memory (DLPack for torch), again with no copy.  Results are allocated
+in the caller's framework, on the caller's device, so that what comes back is the same kind of
+object that went in.  The device kind (``cpu``/``cuda``) is part of what ranks negotiate.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import torch
+
+from .memory import RECYCLER
 
 _TORCH_NAMES = {
     torch.uint8: "uint8",
@@ -27,6 +31,12 @@ _TORCH_NAMES = {
     torch.bool: "bool",
 }
 _TORCH_TYPES = {name: dtype for dtype, name in _TORCH_NAMES.items()}
+# numpy arrays torch.from_numpy accepts for each dtype (bfloat16 through int16 bits).
+_TORCH_STORAGE = {
+    torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32,
+    torch.int64: np.int64, torch.float16: np.float16, torch.bfloat16: np.int16,
+    torch.float32: np.float32, torch.float64: np.float64, torch.bool: np.bool_,
+}
 _NUMPY_NAMES = {
     "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
     "float16": "float16", "float32": "float32", "float64": "float64", "bool": "bool",
@@ -36,6 +46,18 @@ _NUMPY_NAMES = {
 
 def is_torch(x: Any) -> bool:
     return isinstance(x, torch.Tensor)
+
+
+def is_cuda(x: Any) -> bool:
+    """A CUDA torch tensor, or a device array exposing ``__cuda_array_interface__``."""
+    if isinstance(x, torch.Tensor):
+        return bool(x.is_cuda)
+    return hasattr(x, "__cuda_array_interface__")
+
+
+def _cupy(what: str) -> Any:
+    from .ops.cuda import require
+    return require(what)
 
 
 def dtype_name(x: Any) -> str:
@@ -56,13 +78,50 @@ def dtype_name(x: Any) -> str:
             raise TypeError(f"unsupported array dtype {x.dtype}; supported: "
                             f"{sorted(_NUMPY_NAMES)}")
         return name
-    raise TypeError(f"expected a torch.Tensor or numpy.ndarray, got {type(x).__name__}")
+    if hasattr(x, "__cuda_array_interface__"):
+        name = _NUMPY_NAMES.get(np.dtype(x.dtype).name)
+        if name is None:
+            raise TypeError(f"unsupported array dtype {x.dtype}; supported: "
+                            f"{sorted(_NUMPY_NAMES)}")
+        return name
+    raise TypeError("expected a torch.Tensor, numpy.ndarray or CUDA array (cupy), got "
+                    f"{type(x).__name__}")
 
 
 def device_of(x: Any) -> str:
-    if isinstance(x, torch.Tensor) and not x.is_cpu:
-        return str(x.device)
-    return "cpu"
+    """The device kind ranks negotiate: ``cpu`` or ``cuda`` (the index is each rank's own)."""
+    return "cuda" if is_cuda(x) else "cpu"
+
+
+def device_index(x: Any) -> int | None:
+    """The CUDA device ``x`` lives on, or None for host memory."""
+    if isinstance(x, torch.Tensor):
+        return x.device.index if x.is_cuda else None
+    if hasattr(x, "__cuda_array_interface__"):
+        device = getattr(x, "device", None)
+        index = getattr(device, "id", None)
+        if index is not None:
+            return int(index)
+        return int(_cupy("a CUDA array").asarray(x).device.id)
+    return None
+
+
+def current_stream(x: Any) -> int:
+    """The stream the caller's framework is using for ``x`` now (a raw cudaStream_t)."""
+    if isinstance(x, torch.Tensor):
+        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    return int(_cupy("a CUDA array").cuda.get_current_stream().ptr)
+
+
+def _check_bound_device(x: Any, what: str) -> None:
+    """A CUDA tensor must be on the device this rank was bound to at init()."""
+    from . import runtime
+    bound = runtime.state().device if runtime.is_initialized() else None
+    index = device_index(x)
+    if bound is not None and index != bound:
+        raise ValueError(f"{what} is on cuda:{index}, but this rank is bound to cuda:{bound} "
+                         f"(local rank % device count); move it with .to('cuda:{bound}'), or "
+                         "set MPITRAIN_BIND_DEVICE=0 to manage devices yourself")
 
 
 def check_tensor(x: Any, what: str = "tensor") -> str:
@@ -73,10 +132,13 @@ def check_tensor(x: Any, what: str = "tensor") -> str:
         ValueError: ``x`` is not contiguous.
     """
     name = dtype_name(x)
+    if is_cuda(x):
+        _cupy(f"a collective on {what} (on CUDA)")  # a clear error without cupy or a GPU
+        _check_bound_device(x, what)
+    elif isinstance(x, torch.Tensor) and not x.is_cpu:
+        raise TypeError(f"{what} is on {x.device}; mpitrain's data plane handles CPU and CUDA "
+                        "tensors")
     if isinstance(x, torch.Tensor):
-        if not x.is_cpu:
-            raise TypeError(f"{what} is on {x.device}; this build of mpitrain's data plane "
-                            "handles CPU tensors (the CUDA path needs cupy and a GPU)")
         if x.is_sparse:
             raise TypeError(f"{what} is sparse; allreduce sparse gradients through allgather "
                             "(DistributedOptimizer does this) or densify with .to_dense()")
@@ -89,8 +151,19 @@ def check_tensor(x: Any, what: str = "tensor") -> str:
     return name
 
 
-def storage_view(x: Any) -> np.ndarray:
-    """A numpy view of ``x``'s memory in its storage type (no copy), same shape."""
+def storage_view(x: Any) -> Any:
+    """A view of ``x``'s memory in its storage type (no copy), same shape: numpy for host
+    memory, cupy for device memory."""
+    if is_cuda(x):
+        cupy = _cupy("a collective on CUDA tensors")
+        if isinstance(x, torch.Tensor):
+            x = x.detach()
+            if x.dtype == torch.bfloat16:
+                return cupy.from_dlpack(x.view(torch.int16)).view(np.uint16)
+            if x.dtype == torch.bool:
+                return cupy.from_dlpack(x.view(torch.uint8)).view(np.bool_)
+            return cupy.from_dlpack(x)
+        return cupy.asarray(x)
     if isinstance(x, torch.Tensor):
         if x.requires_grad:
             x = x.detach()
@@ -102,26 +175,48 @@ def storage_view(x: Any) -> np.ndarray:
     return x
 
 
-def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, np.ndarray]:
-    """A new uninitialised array of ``x``'s kind and dtype; returns (array, storage view)."""
+def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
+    """A new uninitialised array of ``x``'s kind, dtype and device; (array, storage view)."""
     out: Any
-    if isinstance(x, torch.Tensor):
-        if shape is None:
-            out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        else:
+    shape = tuple(x.shape) if shape is None else shape
+    if is_cuda(x):
+        if isinstance(x, torch.Tensor):
             out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        else:
+            cupy = _cupy("a collective on CUDA arrays")
+            with cupy.cuda.Device(device_index(x)):
+                out = cupy.empty(shape, dtype=x.dtype)
+        return out, storage_view(out)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * _itemsize(x)
+    if nbytes >= RECYCLER.min_bytes:
+        # Large outputs come from recycled, huge-page memory: a fresh 64 MiB tensor would
+        # spend longer in page faults than the allreduce takes (see mpitrain.memory).
+        raw = RECYCLER.take(nbytes)
+        if isinstance(x, torch.Tensor):
+            out = torch.from_numpy(raw.view(_TORCH_STORAGE[x.dtype])).view(x.dtype).view(shape)
+        else:
+            out = raw.view(x.dtype).reshape(shape)
+        return out, storage_view(out)
+    if isinstance(x, torch.Tensor):
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
     else:
-        out = np.empty(x.shape if shape is None else shape, dtype=x.dtype)
+        out = np.empty(shape, dtype=x.dtype)
     return out, storage_view(out)
 
 
-def allocator_like(x: Any, keep: list[Any]) -> Callable[[tuple[int, ...]], np.ndarray]:
+def _itemsize(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return int(x.element_size())
+    return int(x.dtype.itemsize)
+
+
+def allocator_like(x: Any, keep: list[Any]) -> Callable[[tuple[int, ...]], Any]:
     """An allocator for outputs whose shape is known only after negotiation.
 
     The framework array is appended to ``keep`` so the caller can return it.
     """
 
-    def allocate(shape: tuple[int, ...]) -> np.ndarray:
+    def allocate(shape: tuple[int, ...]) -> Any:
         out, view = empty_like(x, shape)
         keep.append(out)
         return view

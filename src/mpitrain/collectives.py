@@ -23,6 +23,7 @@ import torch
 
 from . import arrays, runtime
 from .compression import Compression, Compressor
+from .engine import device
 from .engine.request import Entry, Handle, Kind, Request
 from .errors import MpitrainInternalError
 from .ops.types import ReduceOp, check_reduce_supported
@@ -111,12 +112,22 @@ def _entry_new_output(tensor: Any, what: str) -> tuple[Entry, Any]:
 
 
 def _device(tensors: Sequence[Any]) -> str:
+    """The device kind (``cpu``/``cuda``) negotiated with the other ranks."""
     if len(tensors) == 1:
         return arrays.device_of(tensors[0])
-    devices = {arrays.device_of(t) for t in tensors}
+    devices = {(arrays.device_of(t), arrays.device_index(t)) for t in tensors}
     if len(devices) > 1:
-        raise ValueError(f"tensors of one grouped call must share a device, got {sorted(devices)}")
-    return devices.pop() if devices else "cpu"
+        named = sorted(k if i is None else f"{k}:{i}" for k, i in devices)
+        raise ValueError(f"tensors of one grouped call must share a device, got {named}")
+    return devices.pop()[0] if devices else "cpu"
+
+
+def _ready(tensors: Sequence[Any]) -> Any:
+    """For CUDA tensors: events on the framework's current streams, recorded now, that the
+    device data plane waits for before reading them (see :mod:`mpitrain.engine.device`)."""
+    if not tensors or not arrays.is_cuda(tensors[0]):
+        return None
+    return device.mark_ready([arrays.current_stream(t) for t in tensors])
 
 
 # ------------------------------------------------------------------------------ allreduce
@@ -142,7 +153,7 @@ def _allreduce_request(tensors: Sequence[Any], in_place: bool, name: str | None,
         outputs.append(out)
     request = Request(name=_name(name, set_id, Kind.ALLREDUCE), kind=Kind.ALLREDUCE,
                       entries=entries, op=reduce_op, prescale=pre, postscale=post,
-                      device=_device(tensors), process_set_id=set_id)
+                      device=_device(tensors), ready=_ready(tensors), process_set_id=set_id)
     return request, outputs
 
 
@@ -262,7 +273,8 @@ def _allgather_request(tensors: Sequence[Any], name: str | None,
                              dtype=dtype, allocate=arrays.allocator_like(t, keep)))
         keeps.append(keep)
     request = Request(name=_name(name, set_id, Kind.ALLGATHER), kind=Kind.ALLGATHER,
-                      entries=entries, device=_device(tensors), process_set_id=set_id)
+                      entries=entries, device=_device(tensors), ready=_ready(tensors),
+                      process_set_id=set_id)
     return request, keeps
 
 
@@ -306,7 +318,7 @@ def _broadcast_request(tensor: Any, root_rank: int, in_place: bool, name: str | 
     else:
         entry, out = _entry_new_output(tensor, "tensor")
     request = Request(name=_name(name, set_id, Kind.BROADCAST), kind=Kind.BROADCAST,
-                      entries=[entry], root=root, device=_device([tensor]),
+                      entries=[entry], root=root, device=_device([tensor]), ready=_ready([tensor]),
                       process_set_id=set_id)
     return request, out
 
@@ -373,7 +385,8 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
     entry = Entry(input=arrays.storage_view(tensor), shape=tuple(tensor.shape), dtype=dtype,
                   allocate=arrays.allocator_like(tensor, keep), splits=tuple(split_list))
     request = Request(name=_name(name, set_id, Kind.ALLTOALL), kind=Kind.ALLTOALL,
-                      entries=[entry], device=_device([tensor]), process_set_id=set_id)
+                      entries=[entry], device=_device([tensor]), ready=_ready([tensor]),
+                      process_set_id=set_id)
 
     def finish(h: Handle) -> tuple[Any, Any]:
         received = list(entry.received_splits or ())
@@ -413,7 +426,7 @@ def _reducescatter_request(tensors: Sequence[Any], name: str | None, op: Any,
         keeps.append(keep)
     request = Request(name=_name(name, set_id, Kind.REDUCESCATTER), kind=Kind.REDUCESCATTER,
                       entries=entries, op=reduce_op, prescale=pre, postscale=post,
-                      device=_device(tensors), process_set_id=set_id)
+                      device=_device(tensors), ready=_ready(tensors), process_set_id=set_id)
     return request, keeps
 
 

@@ -62,6 +62,17 @@ def _parse_str(text: str) -> str:
     return text.strip()
 
 
+def _parse_auto_bool(text: str) -> str:
+    value = text.strip().lower()
+    if value in ("auto", ""):
+        return "auto"
+    if value in ("1", "true", "yes", "on"):
+        return "1"
+    if value in ("0", "false", "no", "off"):
+        return "0"
+    raise ValueError("must be auto, 1 or 0")
+
+
 def _parse_log_level(text: str) -> str:
     value = text.strip().upper()
     levels = ("TRACE", "DEBUG", "INFO", "WARNING", "ERROR", "FATAL")
@@ -98,6 +109,7 @@ class Config:
     allreduce_streams: int = 1
     local_size: int = 0
     bind_device: bool = True
+    cuda_aware_mpi: str = "auto"
     set_cpu_threads: bool = True
     abort_on_error: bool = True
     log_level: str = "WARNING"
@@ -138,6 +150,9 @@ VARIABLES: tuple[Variable, ...] = (
              "one machine); 0 uses the real layout."),
     Variable("bind_device", "MPITRAIN_BIND_DEVICE", _parse_bool,
              "Bind each process to GPU local_rank % device_count at init()."),
+    Variable("cuda_aware_mpi", "MPITRAIN_CUDA_AWARE_MPI", _parse_auto_bool,
+             "auto|1|0: hand device buffers to MPI (auto asks the MPI library at init); "
+             "otherwise CUDA tensors are staged through pinned host memory."),
     Variable("set_cpu_threads", "MPITRAIN_SET_CPU_THREADS", _parse_bool,
              "Give each rank cores // ranks-on-this-machine torch threads unless OMP_NUM_THREADS "
              "is set."),

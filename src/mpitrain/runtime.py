@@ -102,6 +102,10 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
         from .engine.engine import Engine
 
+        if device is not None:
+            # A GPU job: decide once, at init, whether MPI takes device pointers.
+            from .engine.device import cuda_awareness
+            cuda_awareness(cfg.cuda_aware_mpi)
         engine = Engine(cfg, topo, comms)
         _state = State(config=cfg, topology=topo, comms=comms, engine=engine,
                        thread_level=MPI.Query_thread(), device=device, cpu_threads=threads)

@@ -50,6 +50,9 @@ class SetState:
         return self.group.rank
 
     def close(self) -> None:
+        if self.executor is not None:
+            with contextlib.suppress(Exception):  # teardown is best effort
+                self.executor.close()
         if self.negotiator is not None:
             with contextlib.suppress(Exception):  # teardown is best effort
                 self.negotiator.comm.Free()

@@ -15,10 +15,13 @@ import numpy as np
 
 from .. import ops
 from ..ops.types import STORAGE, ReduceOp
+from .device import DeviceLayer, is_cuda
 from .fusion import Piece, plan
 from .negotiation import Response
 from .request import Entry, Kind, Request
 from .timeline import Timeline
+
+_OP_OF = {int(o): o for o in ReduceOp}  # a dict lookup instead of Enum.__call__ per tensor
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -71,6 +74,10 @@ class Executor:
         self.collectives = 0  # data-plane calls issued, for tests and the overhead benchmark
         self.fused_tensors = 0
         self.zero_copy_buckets = 0  # fused buckets reduced in place without packing
+        self.device = DeviceLayer(group)  # CUDA requests; imports nothing until one runs
+
+    def close(self) -> None:
+        self.device.close()
 
     # ------------------------------------------------------------------------ entry point
     def run(self, responses: list[Response]) -> None:
@@ -83,13 +90,15 @@ class Executor:
             if kind == Kind.ALLREDUCE:
                 request = resp.request
                 entries = request.entries if request is not None else _zeros_entries(resp.meta)
-                op, pre, post = ReduceOp(resp.meta[1]), resp.meta[2], resp.meta[3]
+                op, pre, post = _OP_OF[resp.meta[1]], resp.meta[2], resp.meta[3]
                 if op == ReduceOp.AVERAGE:
                     op, post = ReduceOp.SUM, post / self.group.size
                 for i, e in enumerate(entries):
                     assert e.input is not None and e.output is not None
                     piece = Piece(resp, i, _flat(e.input), _flat(e.output), e.dtype)
                     allreduce.append(((e.dtype, op, pre, post, resp.meta[5]), piece))
+            elif kind == Kind.BROADCAST and is_cuda(resp.meta):
+                others.append(resp)  # staged through the host, one request at a time
             elif kind == Kind.BROADCAST:
                 assert resp.request is not None
                 for i, e in enumerate(resp.request.entries):
@@ -116,6 +125,16 @@ class Executor:
             op, post = ReduceOp.SUM, post / self.group.size
         started = time.monotonic()
         self._queued(bucket, started)
+        if is_cuda(meta):
+            # Packed, reduced and unpacked on the device, ordered by CUDA events.
+            requests = list({id(p.response): p.response.request for p in bucket}.values())
+            self.device.allreduce([p.input for p in bucket], [p.output for p in bucket],
+                                  requests, dtype, op, pre, post)
+            self.collectives += 1
+            self.fused_tensors += len(bucket) if len(bucket) > 1 else 0
+            self._span(bucket, "ALLREDUCE", started, time.monotonic(),
+                       {"tensors": len(bucket), "device": "cuda"})
+            return
         span = bucket[0].input if len(bucket) == 1 else _adjacent_in_place(bucket)
         if span is not None:
             # One tensor, or in-place pieces lying back to back in one buffer (gradients laid
@@ -197,7 +216,20 @@ class Executor:
             # Negotiation only decides a barrier once every rank has entered it.
             self._span_request(resp, "BARRIER", started, started)
             return
+        if is_cuda(resp.meta):
+            with self.device.staged(request.entries):
+                self._entries(resp, request)
+        else:
+            self._entries(resp, request)
+        self._span_request(resp, kind.name, started, time.monotonic())
+
+    def _entries(self, resp: Response, request: Request) -> None:
+        kind = resp.kind
         for entry in request.entries:
+            if kind == Kind.BROADCAST:  # CUDA broadcasts only: CPU ones are fused above
+                self._broadcast_entry(int(resp.meta[4]), entry)
+                self.collectives += 1
+                continue
             if kind == Kind.ALLGATHER:
                 self._allgather(entry)
             elif kind == Kind.ALLTOALL:
@@ -207,7 +239,12 @@ class Executor:
             else:
                 raise AssertionError(f"no executor for {kind!r}")
             self.collectives += 1
-        self._span_request(resp, kind.name, started, time.monotonic())
+
+    def _broadcast_entry(self, root: int, entry: Entry) -> None:
+        assert entry.output is not None
+        if self.group.rank == root and entry.input is not None:
+            entry.output[...] = entry.input
+        ops.broadcast(self.group, _flat(entry.output).view(np.uint8), root)
 
     def _allocate(self, entry: Entry, shape: tuple[int, ...]) -> np.ndarray:
         assert entry.allocate is not None

@@ -1,0 +1,142 @@
+"""The engine's door to the GPU data plane (:mod:`mpitrain.ops.cuda`).
+
+Requests carry a device kind, ``cpu`` or ``cuda``, that negotiation compares across ranks
+(a rank with CPU tensors and one with CUDA tensors under one name is a mismatch, reported on
+every rank).  The executor sends CUDA allreduce buckets here; other CUDA collectives
+(broadcast, allgather, alltoall, reducescatter: parameters, statistics, rarely large) are
+staged through host memory around the CPU data plane.  Nothing here imports cupy until a CUDA
+request actually runs, so CPU-only jobs never touch it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..ops.group import Group
+from ..ops.types import STORAGE, ReduceOp
+
+CPU = "cpu"
+CUDA = "cuda"
+
+
+def is_cuda(meta: tuple[Any, ...]) -> bool:
+    """Whether a negotiated request's meta says CUDA (meta[5] is the device kind)."""
+    return len(meta) > 5 and meta[5] == CUDA
+
+
+@functools.cache
+def cuda_awareness(setting: str) -> Any:
+    """Whether this process's MPI takes device pointers; detected once per process."""
+    from mpi4py import MPI
+
+    from ..ops.cuda import transport
+    return transport.detect(setting, MPI.Get_library_version())
+
+
+def mark_ready(stream_pointers: Sequence[int]) -> list[tuple[Any, Any]]:
+    """Record an event on each framework stream, now, on the submitting thread.
+
+    The device allreduce waits for these before reading the tensors (so it never reads a
+    gradient the backward pass has not written yet) and makes the same streams wait for its
+    results.  Returns (event, stream) pairs, one per distinct stream.
+    """
+    from ..ops.cuda import require
+    cupy = require("a collective on CUDA tensors")
+    marks = []
+    for pointer in dict.fromkeys(stream_pointers):
+        stream = cupy.cuda.Stream.null if pointer == 0 else cupy.cuda.ExternalStream(pointer)
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(stream)
+        marks.append((event, stream))
+    return marks
+
+
+def to_device(array: Any) -> Any:
+    """A cupy view of a device array; a host array (a joined rank's zeros) is uploaded."""
+    from ..ops.cuda import require
+    cupy = require("a collective on CUDA tensors")
+    return cupy.asarray(array)
+
+
+def to_host(array: Any) -> np.ndarray:
+    from ..ops.cuda import require
+    cupy = require("a collective on CUDA tensors")
+    return np.ascontiguousarray(cupy.asnumpy(array))
+
+
+class DeviceLayer:
+    """The CUDA side of one process set's executor, created lazily."""
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+        self._device_group: Any = None
+
+    def _dg(self) -> Any:
+        if self._device_group is None:
+            from ..ops.cuda.allreduce import DeviceGroup
+            aware = cuda_awareness(self.group.config.cuda_aware_mpi)
+            self._device_group = DeviceGroup(self.group, aware.supported)
+        return self._device_group
+
+    def allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any],
+                  requests: Sequence[Any], dtype: str, op: ReduceOp, prescale: float,
+                  postscale: float) -> None:
+        """Allreduce a bucket of flat device arrays, ordered after its requests' events."""
+        ready, streams = [], []
+        seen: set[int] = set()
+        for request in requests:
+            for event, stream in (getattr(request, "ready", None) or ()):
+                ready.append(event)
+                if id(stream) not in seen:
+                    seen.add(id(stream))
+                    streams.append(stream)
+        if not streams:  # a joined rank: no framework stream of its own to order against
+            from ..ops.cuda import require
+            streams = [require("a collective on CUDA tensors").cuda.get_current_stream()]
+        self._dg().allreduce([to_device(x) for x in inputs], [to_device(x) for x in outputs],
+                             dtype, op, prescale, postscale, ready, streams)
+
+    @contextlib.contextmanager
+    def staged(self, entries: Sequence[Any]) -> Iterator[None]:
+        """Run a CPU collective on host copies of CUDA entries, then copy results back.
+
+        Inputs are downloaded after their framework streams' work (``cupy.asnumpy`` waits
+        for the current stream; the submit-time events order it after the producer);
+        outputs allocated by the collective are created on the device from the host result.
+        """
+        saved = []
+        for e in entries:
+            device_out, device_alloc = e.output, e.allocate
+            shapes: list[tuple[int, ...]] = []
+            if e.input is not None:
+                e.input = to_host(e.input).reshape(e.input.shape)
+            if device_out is not None:
+                e.output = to_host(device_out).reshape(device_out.shape)
+            if device_alloc is not None:
+                def host_alloc(shape: tuple[int, ...], _dtype: str = e.dtype,
+                               _shapes: list[tuple[int, ...]] = shapes) -> np.ndarray:
+                    _shapes.append(tuple(shape))
+                    return np.empty(shape, dtype=STORAGE[_dtype])
+                e.allocate = host_alloc
+            saved.append((e, device_out, device_alloc, shapes))
+        yield
+        for e, device_out, device_alloc, shapes in saved:
+            host_out = e.output
+            if device_out is not None:
+                to_device(device_out)[...] = to_device(host_out)
+                e.output = device_out
+            elif device_alloc is not None and shapes:
+                out = device_alloc(shapes[-1])
+                to_device(out)[...] = to_device(host_out)
+                e.output = out
+            e.allocate = device_alloc
+
+    def close(self) -> None:
+        if self._device_group is not None:
+            self._device_group.close()
+            self._device_group = None

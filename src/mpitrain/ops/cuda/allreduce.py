@@ -1,0 +1,288 @@
+"""The device allreduce of one fused bucket: pack, reduce over the chosen transport, unpack.
+
+One :class:`DeviceGroup` per process set, made at its first CUDA collective (every rank
+reaches that point in the same order, so the communicators it duplicates match).  A bucket:
+
+1. the packing stream (channel 0's) waits for the events the adapters recorded on the
+   framework's stream at submission, then the batched pack kernel copies every tensor into
+   the fusion buffer (the CUDA IPC window when the node shares one) in one launch;
+2. the channels reduce their slices over the transport :mod:`.transport` chose: CUDA IPC
+   within a node (and around the cross-node step of the hierarchical allreduce), device
+   pointers handed to a CUDA-aware MPI, or pipelined pinned host staging through the CPU data
+   plane;
+3. the packing stream waits for every channel, unpacks in one launch, and the framework's
+   streams wait for that: ``step()`` sees the results, the host never waited for the device.
+
+A single tensor that the transport can reduce where it lies skips steps 1 and 3.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import mpi as mpi_ops
+from ..collectives import allreduce as host_allreduce
+from ..group import Group
+from ..types import STORAGE, ReduceOp
+from . import ipc, kernels, transport
+from .pack import Packer
+from .runtime import require
+from .streams import Channel, Channels, CupyStreams
+
+_MPI_REDUCIBLE = ("float32", "float64", "int8", "uint8", "int16", "int32", "int64")
+
+
+class _Ops:
+    """:class:`ipc.DeviceOps` on one channel's stream."""
+
+    def __init__(self, device_group: DeviceGroup, channel: Channel) -> None:
+        self.dg = device_group
+        self.channel = channel
+
+    def reduce(self, inputs: list[Any], out: Any, dtype: str, op: ReduceOp, prescale: float,
+               postscale: float) -> None:
+        self.dg.reduce(self.channel, inputs, out, dtype, op, prescale, postscale)
+
+    def copy(self, dst: Any, src: Any) -> None:
+        if int(dst.data.ptr) == int(src.data.ptr):
+            return
+        self.dg.memcpy(dst, src, self.channel.stream)
+
+    def synchronize(self) -> None:
+        self.channel.stream.synchronize()
+
+
+class DeviceGroup:
+    """The GPU data plane of one process set on this rank."""
+
+    def __init__(self, group: Group, cuda_aware: bool) -> None:
+        self.cupy = require("allreduce of CUDA tensors")
+        import cupyx
+        from numba import cuda as numba_cuda
+
+        self.cupyx = cupyx
+        self.numba_cuda = numba_cuda
+        self.group = group
+        self.backend = CupyStreams(self.cupy)
+        topo = group.topology
+        channels = max(1, group.config.allreduce_streams)
+        self.channels = Channels(self.backend, [group.comm.Dup() for _ in range(channels)])
+        self.local_comms = [group.comms.local.Dup() for _ in range(channels)]
+        self.cross_comms = [group.comms.cross.Dup() for _ in range(channels)]
+        ipc_usable = topo.local_size > 1 and topo.is_homogeneous
+        self.phases = transport.choose(cuda_aware, topo.local_size, topo.num_nodes, ipc_usable,
+                                       group.config.allreduce_algorithm)
+        self.uses_ipc = self.phases[0][1] == transport.Transport.CUDA_IPC
+        self.cross = (self.phases[1][1] if len(self.phases) == 3 else None)
+        self.across = self.phases[0][1]
+        self.window = (ipc.Window(ipc.CupyIpc(self.cupy), self.local_comms[0])
+                       if self.uses_ipc else None)
+        self._fusion: Any = None
+        self._packers: dict[tuple[Any, ...], Packer] = {}
+        self._scratch: dict[tuple[int, str], Any] = {}
+        self._pinned: dict[int, list[Any]] = {}
+        self._lock = threading.Lock()
+
+    # ---------------------------------------------------------------------- buffers
+    def _fusion_buffer(self, nbytes: int) -> Any:
+        if self.window is not None:
+            self.window.ensure(nbytes)
+            return self.window.runtime.view(self.window.own, np.dtype(np.uint8), 0, nbytes)
+        if self._fusion is None or self._fusion.nbytes < nbytes:
+            self._fusion = self.cupy.empty(max(nbytes, 1 << 20), dtype=np.uint8)
+        return self._fusion[:nbytes]
+
+    def _scratch_for(self, channel: Channel, dtype: np.dtype, count: int) -> Any:
+        key = (channel.index, dtype.str)
+        with self._lock:
+            buf = self._scratch.get(key)
+            if buf is None or buf.size < count:
+                buf = self.cupy.empty(max(count, 1 << 18), dtype=dtype)
+                self._scratch[key] = buf
+        return buf[:count]
+
+    def _hosts(self, channel: Channel, nbytes: int) -> list[Any]:
+        with self._lock:
+            hosts = self._pinned.get(channel.index)
+            if hosts is None or hosts[0].nbytes < nbytes:
+                hosts = [self.cupyx.empty_pinned((nbytes,), dtype=np.uint8) for _ in range(2)]
+                self._pinned[channel.index] = hosts
+        return hosts
+
+    # ------------------------------------------------------------------ device work
+    def _numba(self, array: Any) -> Any:
+        return self.numba_cuda.from_cuda_array_interface(array.__cuda_array_interface__,
+                                                         owner=array, sync=False)
+
+    def reduce(self, channel: Channel, inputs: list[Any], out: Any, dtype: str, op: ReduceOp,
+               prescale: float, postscale: float) -> None:
+        kind = "uint8" if dtype == "bool" else dtype
+        scratch = self._scratch_for(channel, kernels.accumulator_dtype(kind), int(out.size))
+        stream = self.numba_cuda.external_stream(channel.stream.ptr)
+        kernels.reduce_buffers([self._numba(x) for x in inputs], self._numba(out), dtype, op,
+                               prescale, postscale, self._numba(scratch), stream)
+
+    def memcpy(self, dst: Any, src: Any, stream: Any) -> None:
+        runtime = self.cupy.cuda.runtime
+        runtime.memcpyAsync(int(dst.data.ptr), int(src.data.ptr), int(src.nbytes),
+                            runtime.memcpyDeviceToDevice, stream.ptr)
+
+    # -------------------------------------------------------------------- transports
+    def _over_mpi(self, channel: Channel, comm: Any, host_group: Any, buf: Any, dtype: str,
+                  op: ReduceOp, prescale: float, postscale: float) -> None:
+        """Allreduce the device slice ``buf`` in place across ``comm``'s ranks.
+
+        ``host_group`` reduces staged chunks: the process set's own Group on channel 0 (the
+        whole CPU data plane, shared memory and rings included), MPI on a channel's own
+        communicator otherwise.
+        """
+        if buf.size == 0:
+            return
+        if self.across == transport.Transport.CUDA_AWARE_MPI:
+            self._cuda_aware(channel, comm, buf, dtype, op, prescale, postscale)
+            return
+        count = int(buf.size)
+        itemsize = buf.dtype.itemsize
+        chunk = max(1, transport.STAGING_CHUNK_BYTES // itemsize)
+        hosts = [h.view(buf.dtype) for h in self._hosts(channel, min(count, chunk) * itemsize)]
+
+        def copy(stream: Any, dst: Any, src: Any) -> None:
+            if isinstance(dst, np.ndarray):
+                src.get(stream=stream, out=dst)
+            else:
+                dst.set(src, stream=stream)
+
+        def reduce_host(host: np.ndarray) -> None:
+            if host_group is self.group:
+                host_allreduce(self.group, host, host, dtype, op, prescale, postscale)
+            else:
+                mpi_ops.allreduce(host_group, host, host, dtype, op, prescale, postscale)
+
+        transport.staged_allreduce(self.backend, channel.stream, buf, hosts, count, chunk, copy,
+                                   reduce_host)
+
+    def _cuda_aware(self, channel: Channel, comm: Any, buf: Any, dtype: str, op: ReduceOp,
+                    prescale: float, postscale: float) -> None:
+        from mpi4py import MPI
+
+        mpi_op = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
+                  ReduceOp.PRODUCT: MPI.PROD}[op]
+        if dtype == "bool":
+            buf = buf.view(np.uint8)
+            mpi_op = MPI.MAX if op in (ReduceOp.SUM, ReduceOp.MAX) else MPI.MIN
+        wide = dtype not in _MPI_REDUCIBLE and dtype != "bool"
+        # float16/bfloat16: MPI has no such types; reduce a float32 copy (the same float32
+        # accumulation as everywhere else), narrowing with the postscale fused in.
+        work = self._scratch_for(channel, np.dtype(np.float32), int(buf.size)) if wide else buf
+        if wide:
+            kernels_stream = self.numba_cuda.external_stream(channel.stream.ptr)
+            kernels.cast(self._numba(buf), self._numba(work), dtype, "float32", prescale,
+                         kernels_stream)
+        elif prescale != 1.0:
+            self.reduce(channel, [buf], buf, dtype, ReduceOp.SUM, prescale, 1.0)
+        channel.stream.synchronize()  # MPI reads device memory outside any stream
+        comm.Allreduce(MPI.IN_PLACE, work, op=mpi_op)
+        if wide:
+            kernels_stream = self.numba_cuda.external_stream(channel.stream.ptr)
+            kernels.cast(self._numba(work), self._numba(buf), "float32", dtype, postscale,
+                         kernels_stream)
+        elif postscale != 1.0:
+            self.reduce(channel, [buf], buf, dtype, ReduceOp.SUM, 1.0, postscale)
+
+    # ------------------------------------------------------------------- the bucket
+    def allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any], dtype: str,
+                  op: ReduceOp, prescale: float, postscale: float, ready: Sequence[Any],
+                  framework_streams: Sequence[Any]) -> None:
+        """Allreduce flat device arrays ``inputs`` into ``outputs`` (which may be them).
+
+        Args:
+            ready: events recorded on the framework's streams after the inputs were written.
+            framework_streams: streams that must see the outputs (they are made to wait).
+        """
+        storage = STORAGE[dtype]
+        count = sum(int(x.size) for x in inputs)
+        if count == 0:
+            return
+        pack_channel = self.channels.channels[0]
+        pack_stream = pack_channel.stream
+        for event in ready:
+            self.backend.wait(pack_stream, event)
+        in_place_single = (len(inputs) == 1 and self.window is None
+                           and int(inputs[0].data.ptr) == int(outputs[0].data.ptr))
+        if in_place_single:
+            fused = inputs[0]
+        else:
+            fused_bytes = self._fusion_buffer(count * storage.itemsize)
+            fused = fused_bytes.view(storage)
+            self._packer(inputs, fused_bytes).pack(fused_bytes, pack_stream)
+        packed = self.backend.record(pack_stream)
+        align = max(1, 256 // storage.itemsize)
+
+        def work(channel: Channel, start: int, stop: int) -> None:
+            self._slice(channel, fused, dtype, op, prescale, postscale, start, stop, align)
+
+        min_chunk = max(1, (1 << 20) // storage.itemsize)
+        self.channels.run(pack_stream, packed, count, work, align, min_chunk,
+                          join=[pack_stream])
+        if not in_place_single:
+            self._packer(outputs, fused.view(np.uint8)).unpack(fused.view(np.uint8), pack_stream)
+        done = self.backend.record(pack_stream)
+        for stream in framework_streams:
+            self.backend.wait(stream, done)
+
+    def _slice(self, channel: Channel, fused: Any, dtype: str, op: ReduceOp, prescale: float,
+               postscale: float, start: int, stop: int, align: int) -> None:
+        i = channel.index
+        if self.window is None:
+            host_group = self.group if i == 0 else _CommGroup(channel.comm)
+            self._over_mpi(channel, channel.comm, host_group, fused[start:stop], dtype, op,
+                           prescale, postscale)
+            return
+        cross = None
+        if self.cross is not None:
+            cross_comm = self.cross_comms[i]
+
+            def cross(lo: int, hi: int) -> None:
+                self._over_mpi(channel, cross_comm, _CommGroup(cross_comm), fused[lo:hi], dtype,
+                               op, 1.0, 1.0)
+        ipc.allreduce(self.window, _Ops(self, channel), dtype, op, start, stop, prescale,
+                      postscale, lambda lo, hi: fused[lo:hi], cross=cross, align=align,
+                      comm=self.local_comms[i])
+
+    def _packer(self, arrays: Sequence[Any], fused: Any) -> Packer:
+        addresses = tuple(int(a.data.ptr) for a in arrays)
+        nbytes = tuple(int(a.nbytes) for a in arrays)
+        key = (addresses, nbytes, int(fused.data.ptr))
+        packer = self._packers.get(key)
+        if packer is None:
+            if len(self._packers) > 256:  # layouts change (new tensors): keep the cache small
+                self._packers.clear()
+            packer = Packer(addresses, nbytes, int(fused.data.ptr))
+            self._packers[key] = packer
+        return packer
+
+    def close(self) -> None:
+        """Release everything; not collective (safe at shutdown with a dead peer)."""
+        self.channels.close()
+        for comm in (*self.local_comms, *self.cross_comms):
+            with contextlib.suppress(Exception):  # best effort at teardown
+                comm.Free()
+        if self.window is not None:
+            self.window.close(collective=False)
+        self._packers.clear()
+        self._scratch.clear()
+        self._pinned.clear()
+
+
+class _CommGroup:
+    """Just enough of a Group for :mod:`mpitrain.ops.mpi` on a channel's communicator."""
+
+    def __init__(self, comm: Any) -> None:
+        self.comm = comm
+        self.size = int(comm.Get_size())
+        self.rank = int(comm.Get_rank())

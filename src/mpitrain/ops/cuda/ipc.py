@@ -1,0 +1,237 @@
+"""CUDA IPC within a node: ranks reduce straight from each other's device buffers.
+
+The shared-memory algorithm of the CPU data plane, on the device:
+
+* every local rank owns a **window**, a device allocation made with plain ``cudaMalloc`` (a
+  pool's sub-allocation cannot be exported), whose ``cudaIpcGetMemHandle`` handle is
+  all-gathered once on the local communicator; every rank opens every peer's handle once
+  (``cudaIpcOpenMemHandle``) and keeps it open while the window lives;
+* an allreduce packs the bucket into the window, then **reduce-scatter**: rank r reduces
+  slice r of all windows (rank order, so every rank's result has the same bits) into slice r
+  of its own window; then **allgather**: every rank copies slice s from window s.  A local
+  barrier after the device work of each phase makes the peers' bytes complete (each rank waits
+  for its stream first); a third barrier keeps a fast rank from refilling its window while a
+  slow one still copies from it;
+* the hierarchical allreduce runs the two phases around an allreduce of slice r across nodes.
+
+Windows grow collectively: bucket sizes are negotiated, so every local rank asks for the same
+size at the same point and all re-export together.
+
+The device operations go through :class:`IpcRuntime` and :class:`DeviceOps` so the tests run
+the exact protocol with ranks as threads over numpy memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..types import STORAGE, ReduceOp
+
+
+class IpcRuntime(Protocol):
+    """Device memory that other processes can open (cupy's runtime on a GPU)."""
+
+    def allocate(self, nbytes: int) -> Any: ...
+
+    def handle(self, memory: Any) -> bytes: ...
+
+    def open(self, handle: bytes, nbytes: int) -> Any: ...
+
+    def close(self, opened: Any) -> None: ...
+
+    def free(self, memory: Any) -> None: ...
+
+    def view(self, memory: Any, dtype: np.dtype, offset: int, count: int) -> Any:
+        """A flat array of ``count`` elements at ``offset`` bytes into ``memory``."""
+
+
+class DeviceOps(Protocol):
+    """The device work of the phases, enqueued on one stream."""
+
+    def reduce(self, inputs: list[Any], out: Any, dtype: str, op: ReduceOp, prescale: float,
+               postscale: float) -> None: ...
+
+    def copy(self, dst: Any, src: Any) -> None: ...
+
+    def synchronize(self) -> None:
+        """Wait until the stream's work is done (before telling peers it is)."""
+
+
+def owner_slices(count: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
+    """Exactly ``parts`` contiguous (start, stop) slices of ``count``; trailing ones may be
+    empty.  Starts are multiples of ``align``; rank r owns slice r on every node."""
+    if parts <= 0 or align <= 0:
+        raise ValueError(f"parts and align must be positive, got {parts} and {align}")
+    units = (count + align - 1) // align
+    base, extra = divmod(units, parts)
+    out = []
+    start = 0
+    for r in range(parts):
+        stop = min(count, start + (base + (1 if r < extra else 0)) * align)
+        out.append((start, stop))
+        start = stop
+    return out
+
+
+@dataclass
+class Window:
+    """This rank's exported device buffer and every local peer's, opened."""
+
+    runtime: IpcRuntime
+    comm: Any  # the local communicator (one per channel)
+    capacity: int = 0
+    own: Any = None
+    peers: list[Any] = field(default_factory=list)  # index = local rank; own at own index
+    exchanges: int = 0
+
+    @property
+    def rank(self) -> int:
+        return int(self.comm.Get_rank())
+
+    @property
+    def size(self) -> int:
+        return int(self.comm.Get_size())
+
+    def ensure(self, nbytes: int) -> None:
+        """Make every window hold ``nbytes``; collective over the local communicator.
+
+        Every local rank must call this with the same ``nbytes`` (negotiated bucket sizes
+        guarantee it); a rank asking for another size is a bug reported on every rank.
+        """
+        if nbytes <= self.capacity:
+            return
+        capacity = max(nbytes, 2 * self.capacity, 1 << 20)
+        self._release(barrier=self.own is not None)
+        self.own = self.runtime.allocate(capacity)
+        mine = (self.runtime.handle(self.own), capacity, nbytes)
+        gathered = self.comm.allgather(mine)
+        asked = {g[2] for g in gathered}
+        if len(asked) != 1:
+            raise RuntimeError(f"local ranks asked for IPC windows of different sizes {asked}; "
+                               "buckets must be identical on every rank")
+        self.peers = [self.own if r == self.rank else self.runtime.open(h, cap)
+                      for r, (h, cap, _) in enumerate(gathered)]
+        self.capacity = capacity
+        self.exchanges += 1
+
+    def views(self, dtype: str, lo: int, hi: int) -> list[Any]:
+        """Every rank's window slice [lo, hi) (elements of ``dtype``), in local-rank order."""
+        storage = STORAGE[dtype]
+        return [self.runtime.view(m, storage, lo * storage.itemsize, hi - lo)
+                for m in self.peers]
+
+    def _release(self, barrier: bool) -> None:
+        for r, memory in enumerate(self.peers):
+            if r != self.rank:
+                self.runtime.close(memory)
+        self.peers = []
+        if barrier:
+            self.comm.Barrier()  # every peer has closed its mapping of our window
+        if self.own is not None:
+            self.runtime.free(self.own)
+            self.own = None
+        self.capacity = 0
+
+    def close(self, collective: bool = True) -> None:
+        """Close peers' handles and free this window.
+
+        Collective by default (peers must stop using it first); at shutdown, when every rank is
+        tearing down anyway and a dead peer must not hang the others, ``collective=False``.
+        """
+        self._release(barrier=collective and self.own is not None)
+
+
+def reduce_scatter_phase(window: Window, ops: DeviceOps, dtype: str, op: ReduceOp,
+                         lo: int, hi: int, prescale: float, postscale: float,
+                         align: int = 1, comm: Any = None) -> tuple[int, int]:
+    """Reduce this rank's slice of [lo, hi) from every window into its own window.
+
+    The caller has enqueued this rank's data into its window [lo, hi) on ``ops``' stream.
+    ``comm`` is the channel's local communicator (the window's by default): channels work on
+    disjoint ranges of one window and synchronise among themselves only.
+    Returns the (start, stop) this rank owns, absolute.
+    """
+    comm = window.comm if comm is None else comm
+    ops.synchronize()
+    comm.Barrier()  # every window holds its rank's data
+    start, stop = owner_slices(hi - lo, window.size, align)[window.rank]
+    if stop > start:
+        inputs = window.views(dtype, lo + start, lo + stop)
+        ops.reduce(inputs, inputs[window.rank], dtype, op, prescale, postscale)
+    ops.synchronize()
+    comm.Barrier()  # every slice is reduced
+    return lo + start, lo + stop
+
+
+def allgather_phase(window: Window, ops: DeviceOps, dtype: str, lo: int, hi: int,
+                    out: Callable[[int, int], Any], align: int = 1, comm: Any = None) -> None:
+    """Copy every rank's reduced slice of [lo, hi) into ``out(start, stop)``.
+
+    ``out(start, stop)`` returns the destination for elements [start, stop) (absolute): the
+    caller's output buffer, or the window itself before an unpack.
+    """
+    comm = window.comm if comm is None else comm
+    for r, (start, stop) in enumerate(owner_slices(hi - lo, window.size, align)):
+        if stop > start:
+            src = window.views(dtype, lo + start, lo + stop)[r]
+            ops.copy(out(lo + start, lo + stop), src)
+    ops.synchronize()
+    comm.Barrier()  # nobody refills its window while a peer still copies from it
+
+
+def allreduce(window: Window, ops: DeviceOps, dtype: str, op: ReduceOp, lo: int, hi: int,
+              prescale: float, postscale: float, out: Callable[[int, int], Any],
+              cross: Callable[[int, int], None] | None = None, align: int = 1,
+              comm: Any = None) -> None:
+    """Allreduce window elements [lo, hi) across the node (and across nodes via ``cross``).
+
+    Args:
+        cross: for the hierarchical allreduce, allreduces this rank's reduced slice (absolute
+            element range) across nodes, in place in the window; prescale applies within the
+            node and postscale after the cross-node step.
+    """
+    post_local = postscale if cross is None else 1.0
+    comm = window.comm if comm is None else comm
+    start, stop = reduce_scatter_phase(window, ops, dtype, op, lo, hi, prescale, post_local,
+                                       align, comm)
+    if cross is not None:
+        cross(start, stop)
+        if postscale != 1.0 and stop > start:
+            mine = window.views(dtype, start, stop)[window.rank]
+            ops.reduce([mine], mine, dtype, ReduceOp.SUM, 1.0, postscale)
+        ops.synchronize()
+        comm.Barrier()
+    allgather_phase(window, ops, dtype, lo, hi, out, align, comm)
+
+
+class CupyIpc:
+    """:class:`IpcRuntime` over cupy's CUDA runtime bindings."""
+
+    def __init__(self, cupy: Any) -> None:
+        self.cupy = cupy
+
+    def allocate(self, nbytes: int) -> Any:
+        return self.cupy.cuda.Memory(nbytes)  # cudaMalloc, never a pool sub-allocation
+
+    def handle(self, memory: Any) -> bytes:
+        return bytes(self.cupy.cuda.runtime.ipcGetMemHandle(memory.ptr))
+
+    def open(self, handle: bytes, nbytes: int) -> Any:
+        runtime = self.cupy.cuda.runtime
+        ptr = runtime.ipcOpenMemHandle(handle, runtime.cudaIpcMemLazyEnablePeerAccess)
+        return self.cupy.cuda.UnownedMemory(ptr, nbytes, None)
+
+    def close(self, opened: Any) -> None:
+        self.cupy.cuda.runtime.ipcCloseMemHandle(opened.ptr)
+
+    def free(self, memory: Any) -> None:
+        # cupy frees a Memory when its last reference goes; the Window drops its reference.
+        del memory
+
+    def view(self, memory: Any, dtype: np.dtype, offset: int, count: int) -> Any:
+        pointer = self.cupy.cuda.MemoryPointer(memory, offset)
+        return self.cupy.ndarray((count,), dtype=dtype, memptr=pointer)

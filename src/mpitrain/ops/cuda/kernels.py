@@ -1,0 +1,331 @@
+"""numba.cuda kernels: elementwise reductions with fused scaling, and fp16/bf16 casts.
+
+The semantics are :mod:`mpitrain.ops.reference`'s, bit for bit: float16/bfloat16/float32
+accumulate in float32 (float64 in float64), ``prescale`` multiplies each input as it is read,
+``postscale`` the result as it is written; integers reduce in their own width and a scale other
+than 1 multiplies in float64 and truncates toward zero after each step, as the reference does.
+
+A reduction over k buffers is k-1 launches of one two-input kernel (``combine``): the first
+reads two storage buffers, the middle ones update a float32 accumulator, the last narrows into
+the output.  Each launch streams its inputs once, so every kernel runs at copy bandwidth, and
+two inputs (the local and the received chunk) is the common case, done in one launch.
+
+The kernel bodies are plain Python that numba's CUDA simulator runs unchanged
+(``NUMBA_ENABLE_CUDASIM=1``), which is how CI tests them without a GPU.  The one primitive the
+simulator lacks, reinterpreting float32 bits (for bfloat16), is chosen at import: libdevice on a
+GPU, a numpy view in the simulator.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+
+from ..types import FLOATING, STORAGE, ReduceOp
+
+cuda: Any
+try:
+    import numba.cuda as cuda  # the simulator swaps this module-level name inside kernels
+    from numba import config as _numba_config
+except Exception:  # noqa: BLE001 - numba missing or without CUDA support: no kernels here
+    cuda = None
+    _SIMULATED = False
+else:
+    _SIMULATED = bool(getattr(_numba_config, "ENABLE_CUDASIM", False))
+
+THREADS = 256
+MAX_BLOCKS = 4096  # grid-stride beyond this: enough blocks to fill any current GPU
+
+
+def _require_numba() -> Any:
+    if cuda is None:
+        from .runtime import CudaUnavailableError
+        raise CudaUnavailableError("mpitrain's CUDA kernels need numba with CUDA support "
+                                   "(pip install numba-cuda)")
+    return cuda
+
+
+def launch_shape(n: int, threads: int = THREADS, max_blocks: int = MAX_BLOCKS) -> tuple[int, int]:
+    """(blocks, threads) for an n-element grid-stride kernel; at least one block."""
+    blocks = max(1, min(max_blocks, (n + threads - 1) // threads))
+    return blocks, threads
+
+
+# --------------------------------------------------------------- element load/store helpers
+# Each helper is a device function; the factories below pick them in Python by dtype, so every
+# compiled kernel sees only code that types for its arrays.
+
+def _define_helpers() -> dict[Any, Any]:
+    device = _require_numba().jit(device=True)
+    if _SIMULATED:
+        def bits_to_f32(bits: Any) -> Any:
+            return np.array([bits], dtype=np.uint32).view(np.float32)[0]
+
+        def f32_to_bits(value: Any) -> Any:
+            return np.array([value], dtype=np.float32).view(np.uint32)[0]
+    else:
+        from numba.cuda import libdevice
+
+        def bits_to_f32(bits: Any) -> Any:
+            return libdevice.int_as_float(np.int32(bits))
+
+        def f32_to_bits(value: Any) -> Any:
+            return np.uint32(libdevice.float_as_int(value)) & np.uint32(0xFFFFFFFF)
+
+    bits_to_f32 = device(bits_to_f32)
+    f32_to_bits = device(f32_to_bits)
+
+    @device
+    def load_bf16(a: Any, i: Any, scale: Any) -> Any:
+        return bits_to_f32(np.uint32(a[i]) << np.uint32(16)) * np.float32(scale)
+
+    @device
+    def load_f32(a: Any, i: Any, scale: Any) -> Any:
+        return np.float32(a[i]) * np.float32(scale)
+
+    @device
+    def load_f64(a: Any, i: Any, scale: Any) -> Any:
+        return np.float64(a[i]) * np.float64(scale)
+
+
+    @device
+    def store_bf16(out: Any, i: Any, value: Any, scale: Any) -> None:
+        v = np.float32(value) * np.float32(scale)
+        if v != v:  # NaN stays a quiet NaN
+            out[i] = np.uint16(0x7FC0)
+            return
+        bits = f32_to_bits(v)
+        rounding = ((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
+        out[i] = np.uint16(((bits + rounding) & np.uint32(0xFFFFFFFF)) >> np.uint32(16))
+
+    @device
+    def store_f32(out: Any, i: Any, value: Any, scale: Any) -> None:
+        out[i] = np.float32(value) * np.float32(scale)
+
+    @device
+    def store_f64(out: Any, i: Any, value: Any, scale: Any) -> None:
+        out[i] = np.float64(value) * np.float64(scale)
+
+    @device
+    def op_sum(a: Any, b: Any) -> Any:
+        return a + b
+
+    @device
+    def op_min(a: Any, b: Any) -> Any:
+        return min(a, b)
+
+    @device
+    def op_max(a: Any, b: Any) -> Any:
+        return max(a, b)
+
+    @device
+    def op_prod(a: Any, b: Any) -> Any:
+        return a * b
+
+    return {"load_bf16": load_bf16, "load_f32": load_f32, "load_f64": load_f64,
+            "store_bf16": store_bf16, "store_f32": store_f32, "store_f64": store_f64,
+            ReduceOp.SUM: op_sum, ReduceOp.MIN: op_min,
+            ReduceOp.MAX: op_max, ReduceOp.PRODUCT: op_prod}
+
+
+@functools.lru_cache(maxsize=1)
+def _helpers() -> dict[Any, Any]:
+    return _define_helpers()
+
+
+def _loader(kind: str) -> Any:
+    h = _helpers()
+    if kind == "bfloat16":
+        return h["load_bf16"]
+    if kind in ("float16", "float32", "acc32"):
+        return h["load_f32"]
+    if kind in ("float64", "acc64"):
+        return h["load_f64"]
+    return _int_helpers(STORAGE[kind].itemsize * 8, STORAGE[kind].kind == "i")[0]
+
+
+@functools.cache
+def _int_helpers(bits: int, signed: bool) -> tuple[Any, Any]:
+    """Integer load and store, scaled as the reference scales: in float64, truncated toward
+    zero, then wrapped to the storage width (so Min/Max compare what the reference compares
+    and stores wrap as C does, on the GPU and in the simulator alike)."""
+    device = _require_numba().jit(device=True)
+    # Constants numba can type (64-bit values never wrap, so never use them).
+    modulus = 1 << bits if bits < 64 else 1
+    half = 1 << (bits - 1) if bits < 64 else 0
+
+    @device
+    def wrap(v: Any) -> Any:
+        if bits == 64:
+            return v
+        if signed:
+            return (v + half) % modulus - half
+        return v % modulus
+
+    @device
+    def load_int(a: Any, i: Any, scale: Any) -> Any:
+        if scale == 1.0:
+            return np.int64(a[i])
+        return wrap(np.int64(np.float64(a[i]) * np.float64(scale)))
+
+    @device
+    def store_int(out: Any, i: Any, value: Any, scale: Any) -> None:
+        v = wrap(np.int64(value))
+        if scale != 1.0:
+            v = wrap(np.int64(np.float64(v) * np.float64(scale)))
+        out[i] = v
+
+    return load_int, store_int
+
+
+def _storer(kind: str) -> Any:
+    h = _helpers()
+    if kind == "bfloat16":
+        return h["store_bf16"]
+    if kind in ("float16", "float32", "acc32"):
+        return h["store_f32"]
+    if kind in ("float64", "acc64"):
+        return h["store_f64"]
+    return _int_helpers(STORAGE[kind].itemsize * 8, STORAGE[kind].kind == "i")[1]
+
+
+def accumulator_kind(dtype: str) -> str:
+    """The kind an intermediate result of ``dtype`` is kept in between launches."""
+    if dtype in ("float16", "bfloat16", "float32"):
+        return "acc32"
+    if dtype == "float64":
+        return "acc64"
+    return dtype  # integers (and bool, as uint8) accumulate in their own width
+
+
+def accumulator_dtype(dtype: str) -> np.dtype:
+    kind = accumulator_kind(dtype)
+    if kind == "acc32":
+        return np.dtype(np.float32)
+    if kind == "acc64":
+        return np.dtype(np.float64)
+    return STORAGE[dtype]
+
+
+# ----------------------------------------------------------------------------- kernels
+@functools.cache
+def combine_kernel(kind_a: str, kind_b: str, kind_out: str, op: ReduceOp) -> Any:
+    """out[i] = store(op(load(a[i]) * scale_a, load(b[i]) * scale_b)) * scale_out.
+
+    ``kind_*`` is a logical dtype name, or ``acc32``/``acc64`` for an accumulator buffer.
+    Called as ``kernel[blocks, threads, stream](a, b, out, n, scale_a, scale_b, scale_out)``.
+    """
+    numba_cuda = _require_numba()
+    load_a, load_b, store, combine = _loader(kind_a), _loader(kind_b), _storer(kind_out), \
+        _helpers()[op]
+
+    def kernel(a: Any, b: Any, out: Any, n: Any, scale_a: Any, scale_b: Any,
+               scale_out: Any) -> None:
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        while i < n:
+            store(out, i, combine(load_a(a, i, scale_a), load_b(b, i, scale_b)), scale_out)
+            i += stride
+
+    return numba_cuda.jit(kernel)
+
+
+@functools.cache
+def scale_kernel(kind_in: str, kind_out: str) -> Any:
+    """out[i] = store(load(a[i]) * scale_in) * scale_out: casts, copies and lone scalings.
+
+    The fp16/bf16 compression casts are ``scale_kernel("float32", "float16")`` and back.
+    """
+    numba_cuda = _require_numba()
+    load, store = _loader(kind_in), _storer(kind_out)
+
+    def kernel(a: Any, out: Any, n: Any, scale_in: Any, scale_out: Any) -> None:
+        i = cuda.grid(1)
+        stride = cuda.gridsize(1)
+        while i < n:
+            store(out, i, load(a, i, scale_in), scale_out)
+            i += stride
+
+    return numba_cuda.jit(kernel)
+
+
+def reduce_plan(count: int, dtype: str) -> list[tuple[int, int, str, str, bool]]:
+    """The launches reducing ``count`` buffers: (input a, input b, kind a, kind out, last).
+
+    Inputs are numbered 0..count-1; -1 means the accumulator.  The first launch reads two
+    inputs, later ones the accumulator and the next input; the last writes the output (the
+    logical dtype, postscaled), the others the accumulator.
+    """
+    if count < 2:
+        raise ValueError(f"a reduction needs at least 2 buffers, got {count}")
+    acc = accumulator_kind(dtype)
+    plan = []
+    for step in range(1, count):
+        a, kind_a = (0, dtype) if step == 1 else (-1, acc)
+        last = step == count - 1
+        plan.append((a, step, kind_a, dtype if last else acc, last))
+    return plan
+
+
+def _as_op(dtype: str, op: ReduceOp) -> ReduceOp:
+    """bool reduces as uint8 0/1: or is max, and is min."""
+    if dtype == "bool":
+        return ReduceOp.MAX if op in (ReduceOp.SUM, ReduceOp.MAX) else ReduceOp.MIN
+    return op
+
+
+def reduce_buffers(inputs: list[Any], out: Any, dtype: str, op: ReduceOp, prescale: float,
+                   postscale: float, scratch: Any, stream: Any = 0,
+                   threads: int = THREADS, max_blocks: int = MAX_BLOCKS) -> None:
+    """Reduce equally long device buffers into ``out`` (which may be one of them).
+
+    Args:
+        inputs: storage-typed device arrays (numba device arrays, or anything numba accepts).
+        out: the storage-typed output.
+        dtype: logical element type; op: SUM/MIN/MAX/PRODUCT (Average arrives as Sum).
+        scratch: an accumulator array of ``accumulator_dtype(dtype)`` and the same length,
+            used only when there are more than two inputs.
+        stream: the stream to launch on (a numba stream).
+    """
+    if op not in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+        raise ValueError(f"reduce_buffers takes Sum/Min/Max/Product, not {op!r}")
+    n = int(out.shape[0])
+    blocks, threads = launch_shape(n, threads, max_blocks)
+    kind = "uint8" if dtype == "bool" else dtype
+    op = _as_op(dtype, op)
+    if dtype == "bool":
+        prescale = postscale = 1.0
+    if len(inputs) == 1:
+        scale_kernel(kind, kind)[blocks, threads, stream](inputs[0], out, n, prescale,
+                                                          postscale)
+        return
+    for a, b, kind_a, kind_out, last in reduce_plan(len(inputs), kind):
+        first = a >= 0
+        src_a = inputs[a] if first else scratch
+        dst = out if last else scratch
+        kernel = combine_kernel(kind_a, kind, kind_out, op)
+        kernel[blocks, threads, stream](src_a, inputs[b], dst, n,
+                                        prescale if first else 1.0, prescale,
+                                        postscale if last else 1.0)
+
+
+def cast(src: Any, out: Any, dtype_in: str, dtype_out: str, scale: float = 1.0,
+         stream: Any = 0, threads: int = THREADS, max_blocks: int = MAX_BLOCKS) -> None:
+    """Convert ``src`` to ``out`` (fp16/bf16 compression and back), times ``scale``."""
+    for name in (dtype_in, dtype_out):
+        if name not in FLOATING:
+            raise TypeError(f"cast converts floating types, got {name!r}")
+    n = int(src.shape[0])
+    blocks, threads = launch_shape(n, threads, max_blocks)
+    scale_kernel(dtype_in, dtype_out)[blocks, threads, stream](src, out, n, scale, 1.0)
+
+
+def simulated() -> bool:
+    """True when numba runs kernels in its CUDA simulator (NUMBA_ENABLE_CUDASIM=1)."""
+    return _SIMULATED
+
+
+__all__ = ["accumulator_dtype", "accumulator_kind", "cast", "combine_kernel", "launch_shape",
+           "reduce_buffers", "reduce_plan", "scale_kernel", "simulated"]
