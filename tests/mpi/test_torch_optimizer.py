@@ -305,3 +305,24 @@ def test_step_after_synchronize_without_skip_warns(hvd):
     opt.synchronize()
     with pytest.warns(UserWarning, match="skip_synchronize"):
         opt.step()
+
+
+def test_is_the_wrapped_class_with_its_hooks_and_schedulers(hvd):
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1),
+                                   model.named_parameters())
+    assert isinstance(opt, torch.optim.Adam) and type(opt).__name__ == "Adam"
+    calls = []
+    opt.register_step_pre_hook(lambda *_: calls.append("pre"))
+    opt.register_step_post_hook(lambda *_: calls.append("post"))
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    x, y = _batch(0, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "scheduler.step() before optimizer.step()"
+        for _ in range(2):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)).backward()
+            opt.step()
+            scheduler.step()
+    assert calls == ["pre", "post"] * 2  # once per step, not once per class layer
+    assert opt.param_groups[0]["lr"] == 0.025

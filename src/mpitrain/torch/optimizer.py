@@ -332,6 +332,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return super().step(closure)
 
+    # The wrapped class's step already runs torch's step hooks and profiling; marking ours as
+    # hooked keeps Optimizer.__init__ from wrapping it a second time (hooks would run twice).
+    step.hooked = True  # type: ignore[attr-defined]
+
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients, as torch does; an error while reductions are pending.
 
