@@ -9,7 +9,8 @@ in-place allreduce (a group's gradients together, with ``groups``); the engine n
 fuses them while the rest of backward runs.  ``step()`` (or ``synchronize()``) submits what is
 still missing, waits, and steps.  Names make the matching: a parameter that got no gradient on
 some rank is submitted there as zeros at ``synchronize()`` and meets the others' requests, so
-no rank hangs.
+no rank hangs.  (As in Horovod, that zero stand-in is dense: a parameter whose gradient is
+sparse on other ranks must get a gradient on every rank, or use ``sparse_as_dense``.)
 
 Gradient buckets: on CPU, every dense gradient gets a view, shaped like its parameter, in a
 flat bucket allocated where the data plane reduces fastest (``Group.shared_empty``: shared
