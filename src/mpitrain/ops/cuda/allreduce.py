@@ -60,7 +60,13 @@ class _Ops:
 class DeviceGroup:
     """The GPU data plane of one process set on this rank."""
 
-    def __init__(self, group: Group, cuda_aware: bool) -> None:
+    def __init__(self, group: Group, cuda_aware: bool,
+                 force: transport.Transport | None = None) -> None:
+        """Args:
+            cuda_aware: whether MPI takes device pointers (detected at init).
+            force: one transport for the whole allreduce instead of the topology's choice
+                (benchmarks compare host staging with the chosen path this way).
+        """
         self.cupy = require("allreduce of CUDA tensors")
         import cupyx
         from numba import cuda as numba_cuda
@@ -77,9 +83,13 @@ class DeviceGroup:
         ipc_usable = topo.local_size > 1 and topo.is_homogeneous
         self.phases = transport.choose(cuda_aware, topo.local_size, topo.num_nodes, ipc_usable,
                                        group.config.allreduce_algorithm)
+        if force is not None:
+            self.phases = [("allreduce", force)]
         self.uses_ipc = self.phases[0][1] == transport.Transport.CUDA_IPC
-        self.cross = (self.phases[1][1] if len(self.phases) == 3 else None)
-        self.across = self.phases[0][1]
+        # How data crosses MPI: the cross-node phase of the hierarchical allreduce, or the
+        # whole allreduce (staging/CUDA-aware); None when IPC alone does the job.
+        self.cross = self.phases[1][1] if len(self.phases) == 3 else None
+        self.across = self.cross if self.cross is not None else self.phases[0][1]
         self.window = (ipc.Window(ipc.CupyIpc(self.cupy), self.local_comms[0])
                        if self.uses_ipc else None)
         self._fusion: Any = None
