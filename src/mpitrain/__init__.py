@@ -64,6 +64,8 @@ from .runtime import (
     shutdown,
     size,
 )
+from .torch.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
+from .torch.functions import broadcast_optimizer_state, broadcast_parameters
 from .torch.mpi_ops import (
     allgather,
     allreduce,
@@ -74,6 +76,8 @@ from .torch.mpi_ops import (
     grouped_reducescatter,
     reducescatter,
 )
+from .torch.optimizer import DistributedOptimizer, OptimizerUsageError
+from .torch.sampler import DistributedSampler
 from .torch.sync_batch_norm import SyncBatchNorm
 from .version import __version__
 
@@ -81,11 +85,14 @@ __all__ = [
     "Adasum",
     "Average",
     "Compression",
+    "DistributedOptimizer",
+    "DistributedSampler",
     "Handle",
     "HorovodInternalError",
     "Max",
     "Min",
     "MpitrainInternalError",
+    "OptimizerUsageError",
     "ProcessSet",
     "Product",
     "ReduceOp",
@@ -108,12 +115,14 @@ __all__ = [
     "broadcast_async",
     "broadcast_async_",
     "broadcast_object",
+    "broadcast_optimizer_state",
+    "broadcast_parameters",
     "cross_rank",
     "cross_size",
     "cuda_built",
+    "global_process_set",
     "gloo_built",
     "gloo_enabled",
-    "global_process_set",
     "grouped_allgather",
     "grouped_allgather_async",
     "grouped_allreduce",
@@ -126,6 +135,8 @@ __all__ = [
     "is_homogeneous",
     "is_initialized",
     "join",
+    "latest_checkpoint",
+    "load_checkpoint",
     "local_rank",
     "local_size",
     "mpi_built",
@@ -138,6 +149,7 @@ __all__ = [
     "reducescatter_async",
     "remove_process_set",
     "rocm_built",
+    "save_checkpoint",
     "shutdown",
     "size",
     "start_timeline",

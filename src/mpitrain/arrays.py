@@ -16,6 +16,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from .memory import RECYCLER
+
 _TORCH_NAMES = {
     torch.uint8: "uint8",
     torch.int8: "int8",
@@ -29,6 +31,12 @@ _TORCH_NAMES = {
     torch.bool: "bool",
 }
 _TORCH_TYPES = {name: dtype for dtype, name in _TORCH_NAMES.items()}
+# numpy arrays torch.from_numpy accepts for each dtype (bfloat16 through int16 bits).
+_TORCH_STORAGE = {
+    torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32,
+    torch.int64: np.int64, torch.float16: np.float16, torch.bfloat16: np.int16,
+    torch.float32: np.float32, torch.float64: np.float64, torch.bool: np.bool_,
+}
 _NUMPY_NAMES = {
     "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
     "float16": "float16", "float32": "float32", "float64": "float64", "bool": "bool",
@@ -170,18 +178,36 @@ def storage_view(x: Any) -> Any:
 def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
     """A new uninitialised array of ``x``'s kind, dtype and device; (array, storage view)."""
     out: Any
-    if is_cuda(x) and not isinstance(x, torch.Tensor):
-        cupy = _cupy("a collective on CUDA arrays")
-        with cupy.cuda.Device(device_index(x)):
-            out = cupy.empty(x.shape if shape is None else shape, dtype=x.dtype)
-    elif isinstance(x, torch.Tensor):
-        if shape is None:
-            out = torch.empty_like(x, memory_format=torch.contiguous_format)
-        else:
+    shape = tuple(x.shape) if shape is None else shape
+    if is_cuda(x):
+        if isinstance(x, torch.Tensor):
             out = torch.empty(shape, dtype=x.dtype, device=x.device)
+        else:
+            cupy = _cupy("a collective on CUDA arrays")
+            with cupy.cuda.Device(device_index(x)):
+                out = cupy.empty(shape, dtype=x.dtype)
+        return out, storage_view(out)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * _itemsize(x)
+    if nbytes >= RECYCLER.min_bytes:
+        # Large outputs come from recycled, huge-page memory: a fresh 64 MiB tensor would
+        # spend longer in page faults than the allreduce takes (see mpitrain.memory).
+        raw = RECYCLER.take(nbytes)
+        if isinstance(x, torch.Tensor):
+            out = torch.from_numpy(raw.view(_TORCH_STORAGE[x.dtype])).view(x.dtype).view(shape)
+        else:
+            out = raw.view(x.dtype).reshape(shape)
+        return out, storage_view(out)
+    if isinstance(x, torch.Tensor):
+        out = torch.empty(shape, dtype=x.dtype, device=x.device)
     else:
-        out = np.empty(x.shape if shape is None else shape, dtype=x.dtype)
+        out = np.empty(shape, dtype=x.dtype)
     return out, storage_view(out)
+
+
+def _itemsize(x: Any) -> int:
+    if isinstance(x, torch.Tensor):
+        return int(x.element_size())
+    return int(x.dtype.itemsize)
 
 
 def allocator_like(x: Any, keep: list[Any]) -> Callable[[tuple[int, ...]], Any]:

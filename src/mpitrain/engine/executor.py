@@ -21,6 +21,8 @@ from .negotiation import Response
 from .request import Entry, Kind, Request
 from .timeline import Timeline
 
+_OP_OF = {int(o): o for o in ReduceOp}  # a dict lookup instead of Enum.__call__ per tensor
+
 
 def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
@@ -88,7 +90,7 @@ class Executor:
             if kind == Kind.ALLREDUCE:
                 request = resp.request
                 entries = request.entries if request is not None else _zeros_entries(resp.meta)
-                op, pre, post = ReduceOp(resp.meta[1]), resp.meta[2], resp.meta[3]
+                op, pre, post = _OP_OF[resp.meta[1]], resp.meta[2], resp.meta[3]
                 if op == ReduceOp.AVERAGE:
                     op, post = ReduceOp.SUM, post / self.group.size
                 for i, e in enumerate(entries):

@@ -42,6 +42,9 @@ F_JOINED = 16
 _ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
 
 UNCACHED_KINDS = (Kind.JOIN, Kind.ADD_SET, Kind.REMOVE_SET)
+# Kind(value) goes through Enum.__call__ (~0.5 us); the engine asks a response's kind several
+# times per tensor, so a plain dict lookup keeps it off the per-op budget.
+_KIND_OF = {int(k): k for k in Kind}
 
 
 @dataclass
@@ -59,7 +62,7 @@ class Response:
 
     @property
     def kind(self) -> Kind:
-        return Kind(self.meta[0])
+        return _KIND_OF[self.meta[0]]
 
 
 @dataclass

@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from .. import collectives as C
+from .. import files as _files
 from .. import runtime
-from . import _files
 from .compression import Finish, GradientCompression
 from .optimizer import Optimizer, Updater, as_torch
 

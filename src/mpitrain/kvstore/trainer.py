@@ -22,10 +22,11 @@ from typing import Any
 import torch
 
 from .. import collectives as C
+from .. import files as _files
 from .. import runtime
 from ..compression import Compression, Compressor
 from ..process_sets import ProcessSet, _set_of, global_process_set
-from . import _files
+from ..torch.functions import broadcast_parameters as _broadcast_parameters
 from .optimizer import Optimizer, Updater, as_torch
 from .optimizer import create as create_optimizer
 from .store import KVStore
@@ -272,27 +273,8 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
                          process_set: ProcessSet = global_process_set) -> None:
     """Overwrite every tensor of ``params`` with ``root_rank``'s, in place (collective).
 
-    Args:
-        params: a module (its ``state_dict``, buffers included), a dict name -> tensor, or a
-            list of tensors.  Dicts are broadcast in sorted name order, as in Horovod.
-        root_rank: the world rank whose values win.
-        prefix: prefixes the requests' names (several broadcasts in flight at once).
-        process_set: the ranks taking part (default: all).
-
-    Raises:
-        TypeError: a value is not a tensor or array.
+    Horovod's MXNet name for :func:`mpitrain.torch.functions.broadcast_parameters` (one
+    implementation): a module, a dict name -> tensor or array, or a list of them; dicts in
+    sorted name order.
     """
-    if isinstance(params, torch.nn.Module):
-        items = sorted(params.state_dict().items())
-    elif isinstance(params, Mapping):
-        items = sorted((str(k), v) for k, v in params.items())
-    else:
-        items = _named(params)
-    handles = []
-    for name, value in items:
-        tensor = as_torch(value, f"parameter {name!r}")
-        handles.append(C.broadcast_async_(tensor, root_rank,
-                                          name=f"{prefix or ''}broadcast_parameters.{name}",
-                                          process_set=process_set))
-    for h in handles:
-        C.synchronize(h)
+    _broadcast_parameters(params, root_rank, prefix, process_set)

@@ -1,17 +1,37 @@
-"""Choose an algorithm for each collective; today every collective goes to MPI's own."""
+"""Choose an algorithm for each collective, by message size and topology.
+
+Allreduce (``MPITRAIN_ALLREDUCE_ALGORITHM``, default ``auto``):
+
+* below :data:`MPI_MAX_BYTES`, MPI's own Allreduce (lowest latency for small messages);
+* one node whose ranks can read each other's memory: ``shm``;
+* several nodes: ``hierarchical`` (shared memory inside, a ring per local rank across);
+* otherwise ``ring``.
+
+The crossover sizes are measured by ``benchmarks/allreduce.py`` on the 2-core development
+machine (the table is in the README).  A forced algorithm that cannot run on this layout
+falls back to the nearest one that can (``shm`` across nodes becomes ``hierarchical``;
+``shm``/``hierarchical`` without cross-memory attach become ``ring``).
+
+Allgather, broadcast and reducescatter use shared memory on one node from
+:data:`SHM_MIN_BYTES`, MPI otherwise.  Every rank computes the same choice from the same
+inputs (size, agreed topology, configuration), so the collectives always match.
+"""
 
 from __future__ import annotations
 
-from .mpi import (
-    allgather,
-    allgather_int,
-    allreduce,
-    alltoall,
-    alltoall_int,
-    barrier,
-    broadcast,
-    reducescatter,
-)
+from collections.abc import Sequence
+
+import numpy as np
+
+from . import channels, hierarchical, mpi, ring, shm
+from .group import Group
+from .mpi import allgather_int, alltoall, alltoall_int, barrier
+from .types import ReduceOp
+
+# Measured crossovers (benchmarks/allreduce.py, see README): MPI's Allreduce wins below.
+MPI_MAX_BYTES = 64 << 10
+# Allgather/broadcast/reducescatter through shared memory from this many bytes in total.
+SHM_MIN_BYTES = 256 << 10
 
 __all__ = [
     "allgather",
@@ -21,5 +41,97 @@ __all__ = [
     "alltoall_int",
     "barrier",
     "broadcast",
+    "choose_allreduce",
     "reducescatter",
 ]
+
+
+def choose_allreduce(group: Group, nbytes: int, algorithm: str | None = None) -> str:
+    """The allreduce algorithm for ``nbytes`` in ``group`` (same answer on every rank).
+
+    Collective the first time a shared-memory algorithm is considered (see ``Group.node``).
+    """
+    algo = algorithm or group.config.allreduce_algorithm
+    topo = group.topology
+    if topo.size == 1:
+        return "ring" if algo != "mpi" else "mpi"  # ring of one: a fused local scaling
+    if algo == "auto":
+        if nbytes < MPI_MAX_BYTES:
+            return "mpi"
+        algo = "shm" if topo.num_nodes == 1 else "hierarchical"
+    if algo == "shm" and topo.num_nodes > 1:
+        algo = "hierarchical"
+    if algo in ("shm", "hierarchical") and group.node() is None:
+        algo = "ring"
+    return algo
+
+
+def _run_allreduce(algo: str, dtype: str, op: ReduceOp, prescale: float,
+                   postscale: float) -> channels.Callable[[Group, np.ndarray, np.ndarray], None]:
+    def run(g: Group, send: np.ndarray, recv: np.ndarray) -> None:
+        if algo == "shm":
+            shm.allreduce(g.node(), send, recv, dtype, op, prescale, postscale)
+        elif algo == "hierarchical":
+            hierarchical.allreduce(g.node(), g.comms.cross, g.topology.is_homogeneous,
+                                   g.workspace("cross"), send, recv, dtype, op, prescale,
+                                   postscale)
+        else:
+            ring.allreduce(g.comm, send, recv, dtype, op, prescale, postscale, g.workspace())
+    return run
+
+
+def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
+              prescale: float = 1.0, postscale: float = 1.0, algorithm: str | None = None,
+              streams: int | None = None) -> None:
+    """Reduce ``send`` across the group into ``recv`` (``send`` may be ``recv``).
+
+    Args:
+        algorithm: override of the configured algorithm (benchmarks and tests).
+        streams: override of the configured number of parallel channels.
+    """
+    algo = choose_allreduce(group, send.nbytes, algorithm)
+    if algo == "mpi":
+        mpi.allreduce(group, send, recv, dtype, op, prescale, postscale)
+        return
+    n_streams = streams or group.config.allreduce_streams
+    channels.run(group, send, recv, n_streams, _run_allreduce(algo, dtype, op, prescale,
+                                                               postscale))
+
+
+def _shm_node(group: Group, nbytes: int) -> shm.Node | None:
+    """The node state when this collective should go through shared memory."""
+    if group.topology.num_nodes != 1 or group.size == 1 or nbytes < SHM_MIN_BYTES:
+        return None
+    if group.config.allreduce_algorithm == "mpi":
+        return None
+    node: shm.Node | None = group.node()
+    return node
+
+
+def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
+                  dtype: str, op: ReduceOp, prescale: float = 1.0,
+                  postscale: float = 1.0) -> None:
+    """Reduce ``send`` across the group; rank i keeps elements of block i (``counts[i]`` long)."""
+    node = _shm_node(group, send.nbytes)
+    if node is None:
+        mpi.reducescatter(group, send, recv, counts, dtype, op, prescale, postscale)
+    else:
+        shm.reducescatter(node, send, recv, counts, dtype, op, prescale, postscale)
+
+
+def allgather(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:
+    """Concatenate every rank's ``send`` bytes into ``recv``; ``counts[i]`` bytes from rank i."""
+    node = _shm_node(group, recv.nbytes)
+    if node is None:
+        mpi.allgather(group, send, recv, counts)
+    else:
+        shm.allgather(node, send, recv, counts)
+
+
+def broadcast(group: Group, buf: np.ndarray, root: int) -> None:
+    """Copy ``buf`` of rank ``root`` (a rank of the group) into ``buf`` everywhere."""
+    node = _shm_node(group, buf.nbytes)
+    if node is None:
+        mpi.broadcast(group, buf, root)
+    else:
+        shm.broadcast(node, buf, root)

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from ..config import Config
+from ..memory import page_aligned_empty
 from ..topology import Communicators, Topology
 
 
@@ -23,6 +26,7 @@ class Group:
     topology: Topology
     config: Config
     _buffers: dict[str, np.ndarray] = field(default_factory=dict)
+    _state: dict[str, Any] = field(default_factory=dict)
 
     @property
     def comm(self) -> Any:
@@ -40,23 +44,82 @@ class Group:
         """Return a reusable byte buffer of at least ``nbytes`` (grown, never shrunk)."""
         buf = self._buffers.get(key)
         if buf is None or buf.nbytes < nbytes:
-            buf = np.empty(max(nbytes, 64), dtype=np.uint8)
+            buf = page_aligned_empty(max(nbytes, 64))
             self._buffers[key] = buf
         return buf[:nbytes]
 
     def shared_empty(self, nbytes: int) -> np.ndarray:
-        """A new byte buffer that the data plane reduces from fastest (e.g. shared memory).
+        """A new byte buffer that the data plane reduces from fastest.
 
         Adapters allocate long-lived gradient buckets here so that an in-place allreduce on
         them needs no copy into a fusion buffer.  Callable from any thread; it never
-        communicates (it is not collective).  This base version is plain process memory.
+        communicates (it is not collective).  Peers on the node read it in place with
+        cross-memory attach (:mod:`mpitrain.ops.cma`), so it needs no shared segment; large
+        buckets get huge pages so that first touch and the kernel's page walks stay cheap.
         """
-        return np.empty(max(nbytes, 1), dtype=np.uint8)[:nbytes]
+        return page_aligned_empty(nbytes)
+
+    # ----------------------------------------------------------- algorithm state (lazy)
+    def node(self) -> Any:
+        """This node's shared-memory state, or None where peers cannot read each other.
+
+        Collective over the group the first time (every rank calls it at the same
+        collective): the answer is agreed across all nodes so every rank picks the same
+        algorithm.
+        """
+        if "node" not in self._state:
+            from mpi4py import MPI
+
+            from .shm import Node
+            # One node: use the group's own communicator so node ranks are group ranks.
+            one_node = self.topology.num_nodes == 1
+            node = Node(self.comms.world if one_node else self.comms.local)
+            ok = self.comm.allreduce(1 if node.usable else 0, op=MPI.MIN) == 1
+            self._state["node"] = node if ok else None
+        return self._state["node"]
+
+    def workspace(self, key: str = "ring") -> Any:
+        """Reusable scratch of the ring algorithm for one of this group's communicators."""
+        ws = self._state.get("ws." + key)
+        if ws is None:
+            from .ring import Workspace
+            ws = self._state["ws." + key] = Workspace()
+        return ws
+
+    def channels(self, n: int) -> list[Group]:
+        """This group and n-1 others like it on duplicated communicators (collective once).
+
+        Each channel has its own communicators, shared-memory state and scratch, so parts
+        of one bucket can be reduced concurrently without their messages meeting.
+        """
+        chans: list[Group] = self._state.setdefault("channels", [self])
+        while len(chans) < n:
+            c = self.comms
+            dup = Communicators(world=c.world.Dup(), local=c.local.Dup(), cross=c.cross.Dup(),
+                                machine=c.machine.Dup())
+            chans.append(Group(dup, self.topology,
+                               dataclasses.replace(self.config, allreduce_streams=1)))
+        return chans[:n]
+
+    def pool(self, workers: int) -> ThreadPoolExecutor:
+        """Threads that drive channels 1..n-1 (channel 0 runs on the calling thread)."""
+        pool = self._state.get("pool")
+        if pool is None or pool._max_workers < workers:
+            if pool is not None:
+                pool.shutdown()
+            pool = self._state["pool"] = ThreadPoolExecutor(workers, "mpitrain-channel")
+        return pool
 
     def fusion_buffer(self, nbytes: int) -> np.ndarray:
         """The byte buffer fused buckets are packed into."""
         return self.scratch("fusion", nbytes)
 
     def close(self) -> None:
+        pool = self._state.pop("pool", None)
+        if pool is not None:
+            pool.shutdown()
+        for chan in self._state.pop("channels", [])[1:]:
+            chan.close()
+        self._state.clear()
         self._buffers.clear()
         self.comms.free()

@@ -48,6 +48,10 @@ def _scaled_int(x: np.ndarray, factor: float) -> np.ndarray:
 _NARROW_INTS = ("uint8", "int8", "int16")
 
 
+# Types MPI reduces exactly as the reference does, with no widening.
+_NATIVE = frozenset({"int32", "int64", "float32", "float64"})
+
+
 def _reduce_prepare(send: np.ndarray, dtype: str, prescale: float) -> np.ndarray:
     """Return the operand MPI should reduce: widened and prescaled as needed (maybe a copy)."""
     if dtype in _NARROW_INTS:
@@ -93,6 +97,15 @@ def _mpi_op(dtype: str, op: ReduceOp) -> Any:
 def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
               prescale: float = 1.0, postscale: float = 1.0) -> None:
     """Reduce ``send`` across the group into ``recv`` (``send`` may be ``recv``)."""
+    if prescale == 1.0 and postscale == 1.0 and dtype in _NATIVE:
+        # The latency path (small messages): straight to MPI, nothing to prepare.
+        # Only views (arrays with a base) can be the same memory without being one object.
+        if send is recv or ((send.base is not None or recv.base is not None)
+                            and same_memory(send, recv)):
+            group.comm.Allreduce(MPI.IN_PLACE, recv, op=_MPI_OPS[op])
+        else:
+            group.comm.Allreduce(send, recv, op=_MPI_OPS[op])
+        return
     work = _reduce_prepare(send, dtype, prescale)
     mpi_op = _mpi_op(dtype, op)
     if work is send and not same_memory(send, recv):

@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
-from .. import collectives, runtime
+from .. import runtime
 from ..engine.request import Handle, Kind, Request
 from ..process_sets import ProcessSet, _set_of, global_process_set
+from . import functions
 
 use_mpitrain = True
 
@@ -123,18 +124,10 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
                               process_set: ProcessSet = global_process_set) -> None:
     """Overwrite every rank's optimizer state (and hyper-parameters) with ``root_rank``'s.
 
-    Collective over ``process_set``: every member must call it, with optimizers built over
-    parameters of the same shapes in the same order.  The state dict travels pickled in one
-    broadcast; parameters themselves are not touched (broadcast them with the model).
+    Collective over ``process_set``; see :func:`mpitrain.torch.functions.
+    broadcast_optimizer_state` (the one implementation) for the details.
     """
-    if not isinstance(optimizer, torch.optim.Optimizer):
-        raise TypeError(f"broadcast_optimizer_state takes a torch.optim.Optimizer, got "
-                        f"{type(optimizer).__name__}")
-    is_root = runtime.rank() == root_rank
-    state = optimizer.state_dict() if is_root else None
-    state = collectives.broadcast_object(state, root_rank=root_rank, process_set=process_set)
-    if not is_root:
-        optimizer.load_state_dict(state)
+    functions.broadcast_optimizer_state(optimizer, root_rank, process_set=process_set)
 
 
 __all__ = [

@@ -1,0 +1,58 @@
+"""Hierarchical allreduce: reduce within each node, across nodes in parallel, share within.
+
+On nodes with equal rank counts (the usual layout), with L ranks per node and N nodes:
+
+1. intra-node reduce-scatter through shared memory (:mod:`mpitrain.ops.shm`): local rank l
+   ends with slice l of the node's sum in its output buffer;
+2. local rank l runs a ring allreduce of slice l with local rank l of every other node, over
+   the cross communicator, all L of them at the same time (cross traffic S/L per rank);
+3. intra-node allgather of the finished slices through shared memory.
+
+Nodes with different rank counts cannot split the buffer the same way on every node, so
+there the node's leader (local rank 0) carries the whole node: intra-node allreduce, ring
+allreduce among leaders, intra-node broadcast.  Correct on any layout, slower there.
+
+The prescale is applied while reducing inside the node and the postscale once, by the
+cross-node ring, so both are fused into passes that happen anyway.  The node partial sums are
+stored in the element type itself: for float16/bfloat16 that rounds once more than the flat
+algorithms (a difference of one rounding of a partial sum).
+
+Every rank of the group must call this, in the same order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import ring, shm
+from .types import ReduceOp
+
+
+def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: ring.Workspace,
+              send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
+              prescale: float = 1.0, postscale: float = 1.0) -> None:
+    """Allreduce over ``node`` (this node's ranks) and ``cross`` (same local rank elsewhere).
+
+    Args:
+        node: the shared-memory state of this node's communicator.
+        cross: communicator of the ranks with this local rank on every node.
+        homogeneous: every node has the same number of ranks (same answer on every rank).
+        ws: ring workspace for the cross communicator.
+    """
+    if not homogeneous:
+        shm.allreduce(node, send, recv, dtype, op, prescale, 1.0)
+        if node.rank == 0:
+            ring.allreduce(cross, recv, recv, dtype, op, 1.0, postscale, ws)
+        shm.broadcast(node, recv, 0)
+        return
+    ranges = shm.balanced(send.size, node.size)
+    lo, hi = ranges[node.rank]
+    addrs = node.exchange(send, recv)
+    shm.reduce_slice(node, send, [a[0] for a in addrs], lo, hi, recv[lo:hi], dtype, op,
+                     prescale, 1.0)
+    ring.allreduce(cross, recv[lo:hi], recv[lo:hi], dtype, op, 1.0, postscale, ws)
+    node.barrier()
+    shm.gather_slices(node, recv, [a[1] for a in addrs], ranges, node.rank)
+    node.barrier()

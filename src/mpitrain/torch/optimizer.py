@@ -1,0 +1,485 @@
+"""Horovod's DistributedOptimizer: average gradients across ranks while backward still runs.
+
+    optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=model.named_parameters())
+    loss.backward()      # each gradient is submitted the moment it is accumulated
+    optimizer.step()     # waits for the reductions, then the wrapped optimizer steps
+
+A post-accumulate-grad hook per parameter submits that gradient as a named, asynchronous,
+in-place allreduce (a group's gradients together, with ``groups``); the engine negotiates and
+fuses them while the rest of backward runs.  ``step()`` (or ``synchronize()``) submits what is
+still missing, waits, and steps.  Names make the matching: a parameter that got no gradient on
+some rank is submitted there as zeros at ``synchronize()`` and meets the others' requests, so
+no rank hangs.
+
+Gradient buckets: on CPU, every dense gradient lives in a flat bucket allocated where the data
+plane reduces fastest (``Group.shared_empty``: shared memory among a node's ranks), as a view
+shaped like its parameter.  Backward accumulates straight into the view, and the engine, seeing
+in-place requests lying back to back in one buffer, reduces the span where it is: the
+optimizer path makes no copy.  ``zero_grad()`` therefore zeroes the buckets in place and keeps
+``p.grad`` (Horovod would make zeros of a missing gradient at the next step anyway); pass
+``shared_buckets=False`` for plain per-parameter gradients and torch's ``set_to_none``.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import torch
+
+from .. import collectives as C
+from .. import runtime
+from ..compression import Compression, Compressor
+from ..engine.request import Handle
+from ..ops.types import ReduceOp
+from ..process_sets import ProcessSet, _set_of, global_process_set
+from . import flat_buckets
+
+
+class OptimizerUsageError(RuntimeError, AssertionError):
+    """The optimizer was driven out of order (Horovod raises AssertionError for these)."""
+
+
+Key = Any  # a parameter, or a tuple of parameters (a group)
+Pending = tuple[Any, Any]  # (handle, or a callable for sparse results; compression context)
+
+
+def _sparse_allreduce_async(grad: torch.Tensor, name: str, op: ReduceOp,
+                            process_set: ProcessSet) -> Callable[[], torch.Tensor]:
+    """Sum (or average) a sparse gradient by gathering every rank's indices and values."""
+    t = grad.coalesce() if not grad.is_coalesced() else grad
+    # allgather concatenates along dim 0, so indices travel as (nnz, sparse_dim).
+    indices_h = C.allgather_async(t.indices().t().contiguous(), name=f"{name}.indices",
+                                  process_set=process_set)
+    values_h = C.allgather_async(t.values().contiguous(), name=f"{name}.values",
+                                 process_set=process_set)
+
+    def result() -> torch.Tensor:
+        values = C.synchronize(values_h)
+        indices = C.synchronize(indices_h)
+        if op == ReduceOp.AVERAGE:
+            values = values / len(runtime.state().engine.process_set(
+                _set_of(process_set)).world_ranks)
+        return torch.sparse_coo_tensor(indices.t(), values, t.size(),
+                                       check_invariants=False).coalesce()
+
+    return result
+
+
+def _lives_in(grad: torch.Tensor, view: torch.Tensor) -> bool:
+    """Whether ``grad`` is (still) the bucket view, not a tensor autograd made anew."""
+    return grad.layout == torch.strided and grad.data_ptr() == view.data_ptr()
+
+
+def _positive_int(value: Any, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{what} must be a positive integer, got {value!r}")
+    return value
+
+
+class _DistributedOptimizer(torch.optim.Optimizer):
+    """Mixed in before the wrapped optimizer's class (see :func:`DistributedOptimizer`)."""
+
+    def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor],
+                 backward_passes_per_step: int, op: ReduceOp, gradient_predivide_factor: float,
+                 groups: Any, sparse_as_dense: bool, process_set: ProcessSet,
+                 shared_buckets: bool) -> None:
+        super().__init__(params)  # type: ignore[call-arg]  # the wrapped class
+        all_params = [p for group in self.param_groups for p in group["params"]]
+        if named_parameters is not None:
+            named = list(named_parameters)
+            if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+                raise ValueError("named_parameters should be a sequence of (name, parameter) "
+                                 "tuples, usually produced by model.named_parameters()")
+        else:
+            named = [(f"allreduce.noname.{i}.{j}", p)
+                     for i, group in enumerate(self.param_groups)
+                     for j, p in enumerate(group["params"])]
+        counts = collections.Counter(k for k, _ in named)
+        duplicates = sorted(k for k, n in counts.items() if n > 1)
+        if duplicates:
+            raise ValueError(f"parameter names in named_parameters must be unique; found "
+                             f"duplicates: {', '.join(duplicates)}")
+        named_ids = {id(p) for _, p in named}
+        unnamed = [i for i, p in enumerate(all_params) if id(p) not in named_ids]
+        if unnamed:
+            raise ValueError(f"named_parameters was given, but {len(unnamed)} of the "
+                             f"optimizer's parameters are not named in it (positions "
+                             f"{unnamed[:10]} in the optimizer's parameter list)")
+        self._names: dict[torch.Tensor, str] = {p: k for k, p in sorted(named,
+                                                                        key=lambda kv: kv[0])}
+        self._compression = compression
+        self.backward_passes_per_step = backward_passes_per_step
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.sparse_as_dense = sparse_as_dense
+        self.process_set = process_set
+        self._handles: dict[Key, Pending] = {}
+        self._delay: dict[torch.Tensor, int] = {p: backward_passes_per_step
+                                                for p in all_params}
+        self._requires_update: list[torch.Tensor] = []
+        self._synchronized = False
+        self._should_synchronize = True
+        self._hooks: list[Any] = []
+        self._group_of: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
+        self._group_ready: dict[tuple[torch.Tensor, ...], int] = {}
+        self._views: dict[torch.Tensor, torch.Tensor] = {}
+        self._buckets: list[flat_buckets.Bucket] = []
+        self._set_id = _set_of(process_set)
+        state = runtime.state().engine.process_set(self._set_id)
+        self._communicates = state.member and len(state.world_ranks) > 1
+        if groups is not None:
+            self._make_groups(groups, all_params)
+        if self._communicates:
+            self._requires_update = [p for p in all_params if p.requires_grad]
+            if shared_buckets and compression is Compression.none:
+                self._build_buckets(state.group)
+            self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
+                           for p in self._requires_update]
+
+    # ------------------------------------------------------------------ set-up
+    def _make_groups(self, groups: Any, all_params: list[torch.Tensor]) -> None:
+        trainable = [p for p in all_params if p.requires_grad]
+        if isinstance(groups, int):
+            # The same split on every rank: order by name, which every rank knows alike.
+            ordered = sorted(trainable, key=lambda p: self._names[p])
+            n = min(groups, len(ordered)) or 1
+            size, extra = divmod(len(ordered), n)
+            split, start = [], 0
+            for i in range(n):
+                stop = start + size + (1 if i < extra else 0)
+                split.append(tuple(ordered[start:stop]))
+                start = stop
+        else:
+            split = [tuple(g) for g in groups]
+            listed = {p for g in split for p in g}
+            split += [(p,) for p in trainable if p not in listed]
+        for group in split:
+            if not group:
+                continue
+            for p in group:
+                self._group_of[p] = group
+            self._group_ready[group] = 0
+
+    def _build_buckets(self, group: Any) -> None:
+        """Give each CPU dense gradient a view in a flat, shared, zeroed bucket."""
+        cpu = [p for p in self._requires_update if p.device.type == "cpu"]
+        if self._group_of:  # a group's gradients back to back, in group order
+            order: list[torch.Tensor] = []
+            for g in self._group_ready:
+                order.extend(p for p in g if p.device.type == "cpu")
+        else:  # backward produces gradients roughly in reverse registration order
+            order = list(reversed(cpu))
+        cap = runtime.state().engine.config.fusion_threshold
+        self._buckets = flat_buckets.build(flat_buckets.assign(order, cap, cap),
+                                           group.shared_empty)
+        self._views = {p: b.views[i] for b in self._buckets for i, p in enumerate(b.params)}
+
+    # ------------------------------------------------------------------ backward side
+    def _on_gradient(self, p: torch.Tensor) -> None:
+        if self._delay[p] <= 0:
+            raise OptimizerUsageError(
+                "Gradients were computed more than backward_passes_per_step times before "
+                "call to step(). Increase backward_passes_per_step to accumulate gradients "
+                "locally.")
+        self._adopt_view(p)
+        self._delay[p] -= 1
+        if self._delay[p] > 0:
+            self._handles.setdefault(p, (None, None))
+            return
+        group = self._group_of.get(p)
+        if group is None:
+            self._handles[p] = self._submit(p)
+            return
+        self._group_ready[group] += 1
+        if self._group_ready[group] < len(group):
+            self._handles[p] = (None, None)  # waits for the rest of its group
+            return
+        for gp in group:
+            self._handles.pop(gp, None)
+        self._group_ready[group] = 0
+        self._handles[group] = self._submit_group(group)
+
+    def _adopt_view(self, p: torch.Tensor) -> None:
+        """Move a freshly created dense gradient into its bucket view (first step only)."""
+        view = self._views.get(p)
+        grad = p.grad
+        if view is None or grad is None or grad.layout != torch.strided:
+            return
+        if not _lives_in(grad, view):
+            view.copy_(grad)
+            p.grad = view
+
+    def _grad_for_reduce(self, p: torch.Tensor) -> torch.Tensor:
+        if p.grad is None:
+            # No gradient here, but another rank may have one: contribute zeros.
+            view = self._views.get(p)
+            if view is not None:
+                view.zero_()
+                p.grad = view
+            else:
+                p.grad = torch.zeros_like(p)
+        elif p.grad.layout == torch.strided and not p.grad.is_contiguous():
+            p.grad = p.grad.contiguous()
+        return p.grad
+
+    def _scales(self) -> tuple[float, float]:
+        if self.op == ReduceOp.AVERAGE:
+            # Average = Sum / size; split as (1/f) before and (f/size) after the sum.
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _submit(self, p: torch.Tensor) -> Pending:
+        name = self._names[p]
+        grad = self._grad_for_reduce(p)
+        if grad.is_sparse:
+            if not self.sparse_as_dense:
+                return _sparse_allreduce_async(grad, name, self.op, self.process_set), None
+            grad = p.grad = grad.to_dense()
+        compressed, ctx = self._compression.compress(grad)
+        pre, post = self._scales()
+        handle = C.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
+                                    postscale_factor=post, process_set=self.process_set)
+        return handle, ctx
+
+    def _submit_group(self, group: tuple[torch.Tensor, ...]) -> Pending:
+        grads = []
+        for p in group:
+            g = self._grad_for_reduce(p)
+            if g.is_sparse:
+                g = p.grad = g.to_dense()  # grouped allreduce is dense, as in Horovod
+            grads.append(g)
+        pairs = [self._compression.compress(g) for g in grads]
+        pre, post = self._scales()
+        handle = C.grouped_allreduce_async_([c for c, _ in pairs],
+                                            name=f"group.{self._names[group[0]]}",
+                                            op=self.op, prescale_factor=pre,
+                                            postscale_factor=post, process_set=self.process_set)
+        return handle, [ctx for _, ctx in pairs]
+
+    # ------------------------------------------------------------------ public API
+    def synchronize(self) -> None:
+        """Submit every gradient not yet submitted, wait for all, write results to ``p.grad``.
+
+        Collective: every rank of the process set must call it (``step()`` does).
+        """
+        if not self._communicates:
+            self._synchronized = True
+            return
+        for p in self._requires_update:
+            key = self._group_of.get(p, p)
+            pending = self._handles.get(key)
+            if pending is not None and pending[0] is not None:
+                continue  # submitted from backward
+            if isinstance(key, tuple):  # a group incomplete here: send it whole
+                for gp in key:
+                    self._handles.pop(gp, None)
+                self._group_ready[key] = 0
+                self._handles[key] = self._submit_group(key)
+            else:
+                self._handles[key] = self._submit(key)
+        try:
+            for key, (handle, ctx) in self._handles.items():
+                if callable(handle) and not isinstance(handle, Handle):
+                    key.grad = handle()
+                    continue
+                outputs = C.synchronize(handle)
+                if isinstance(key, tuple):
+                    for p, out, c in zip(key, outputs, ctx):
+                        self._write_back(p, out, c)
+                else:
+                    self._write_back(key, outputs, ctx)
+        finally:
+            self._handles.clear()
+            for p in self._delay:
+                self._delay[p] = self.backward_passes_per_step
+        self._synchronized = True
+
+    def _write_back(self, p: torch.Tensor, output: torch.Tensor, ctx: Any) -> None:
+        assert p.grad is not None
+        if ctx is None and output.data_ptr() == p.grad.data_ptr():
+            return  # reduced in place
+        p.grad.copy_(self._compression.decompress(output, ctx))
+
+    @contextlib.contextmanager
+    def skip_synchronize(self) -> Iterator[None]:
+        """Within this block ``step()`` does not synchronize (call ``synchronize()`` first).
+
+        For gradient clipping: ``synchronize()``, clip, then ``with
+        optimizer.skip_synchronize(): optimizer.step()``.
+        """
+        self._should_synchronize = False
+        try:
+            yield
+        finally:
+            self._should_synchronize = True
+
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        """Wait for the averaged gradients (unless skipped), then take the wrapped step."""
+        if self._should_synchronize:
+            if self._synchronized:
+                warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
+                              "context after optimizer.synchronize(). This can cause training "
+                              "slowdown. You may want to consider using "
+                              "optimizer.skip_synchronize() context if you use "
+                              "optimizer.synchronize() in your code.", stacklevel=2)
+            self.synchronize()
+        self._synchronized = False
+        return super().step(closure)
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients; an error while reductions are pending.
+
+        Bucketed gradients are zeroed in place and stay views of their bucket (so the next
+        backward accumulates there again without a copy), whatever ``set_to_none`` says.
+
+        Raises:
+            OptimizerUsageError: called after ``backward()`` but before ``step()`` or
+                ``synchronize()`` (it would race with the reductions in flight).
+        """
+        if self._handles:
+            raise OptimizerUsageError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                "cause a race condition.")
+        if not self._views:
+            super().zero_grad(set_to_none)
+            return
+        for b in self._buckets:
+            b.flat.zero_()
+        for group in self.param_groups:
+            for p in group["params"]:
+                grad = p.grad
+                if grad is None:
+                    continue
+                view = self._views.get(p)
+                if view is not None and _lives_in(grad, view):
+                    continue
+                if set_to_none:
+                    p.grad = None
+                else:
+                    if grad.grad_fn is not None:
+                        grad.detach_()
+                    else:
+                        grad.requires_grad_(False)
+                    grad.zero_()
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Accumulate ``passes`` backward passes locally before each reduction."""
+        self.backward_passes_per_step = _positive_int(passes, "backward_passes_per_step")
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+
+    def remove_hooks(self) -> None:
+        """Stop reducing from backward (the optimizer then steps on local gradients)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._communicates = False
+
+
+def DistributedOptimizer(optimizer: torch.optim.Optimizer,
+                         named_parameters: Sequence[tuple[str, torch.Tensor]] | Any = None,
+                         compression: type[Compressor] = Compression.none,
+                         backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
+                         gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+                         groups: Any = None, sparse_as_dense: bool = False,
+                         process_set: ProcessSet = global_process_set, *,
+                         shared_buckets: bool = True) -> torch.optim.Optimizer:
+    """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over the process set.
+
+    The result is an instance of a subclass of ``optimizer``'s class (``isinstance`` still
+    holds); it takes over ``optimizer``'s param groups, hyper-parameters and state.
+
+    Args:
+        optimizer: the torch optimizer to wrap.
+        named_parameters: ``model.named_parameters()``; names the requests (must be unique
+            and cover every parameter of the optimizer).  Without it, names are positional.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16``, for the wire.
+        backward_passes_per_step: backward passes accumulated locally per reduction.
+        op: ``Average`` (default) or ``Sum`` (also Min, Max, Product).
+        gradient_predivide_factor: with Average, divide by this before the sum and by
+            ``size / factor`` after it (protects low-precision sums from overflow).
+        num_groups: deprecated spelling of ``groups=<int>``.
+        groups: an int (split the parameters into that many groups, each reduced as one
+            grouped request once all its gradients are ready) or a list of lists of
+            parameters (those groups; the rest go one by one).
+        sparse_as_dense: reduce sparse gradients densely instead of through allgather.
+        process_set: the ranks averaging together (default: all).
+        shared_buckets: keep CPU dense gradients as views of flat buckets in the data
+            plane's fastest memory, reduced without copies (see the module docstring).
+
+    Raises:
+        TypeError: ``optimizer`` is not a torch optimizer.
+        ValueError: bad names, groups, op, factor or ``backward_passes_per_step``.
+    """
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
+                        f"{type(optimizer).__name__}")
+    if isinstance(optimizer, _DistributedOptimizer):
+        raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
+                         "optimizer once")
+    if not (isinstance(compression, type) and issubclass(compression, Compressor)):
+        raise TypeError(f"compression must be Compression.none, .fp16 or .bf16, got "
+                        f"{compression!r}")
+    reduce_op = C._resolve_op(op, None)
+    passes = _positive_int(backward_passes_per_step, "backward_passes_per_step")
+    factor = C._factor(gradient_predivide_factor, "gradient_predivide_factor")
+    if factor <= 0:
+        raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
+    if factor != 1.0 and reduce_op != ReduceOp.AVERAGE:
+        raise ValueError(f"gradient_predivide_factor={gradient_predivide_factor} is only "
+                         f"supported with op=Average, got op={reduce_op.name.title()}")
+    if num_groups:
+        warnings.warn("num_groups is deprecated; use groups=<int> instead",
+                      DeprecationWarning, stacklevel=2)
+        if groups is None:
+            groups = num_groups
+    groups = _check_groups(groups)
+    mixin = _DistributedOptimizer
+    cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
+    wrapped: torch.optim.Optimizer = cls(optimizer.param_groups, named_parameters, compression,
+                                         passes, reduce_op, factor, groups,
+                                         bool(sparse_as_dense), process_set,
+                                         bool(shared_buckets))
+    wrapped.defaults = optimizer.defaults
+    wrapped.state = optimizer.state
+    return wrapped
+
+
+def _check_groups(groups: Any) -> Any:
+    if groups is None:
+        return None
+    if isinstance(groups, bool):
+        raise ValueError(f"groups must be a positive integer or a list of lists of tensors, "
+                         f"got {groups!r}")
+    if isinstance(groups, int):
+        if groups <= 0:
+            raise ValueError(f"groups must be a positive integer or a list of lists of "
+                             f"tensors, got {groups}")
+        return groups
+    if not isinstance(groups, (list, tuple)):
+        raise ValueError(f"groups must be a positive integer or a list of lists of tensors, "
+                         f"got {type(groups).__name__}")
+    seen: set[int] = set()
+    out = []
+    for i, group in enumerate(groups):
+        if not isinstance(group, (list, tuple)):
+            raise ValueError(f"groups[{i}] must be a list of tensors, got "
+                             f"{type(group).__name__}")
+        for p in group:
+            if not isinstance(p, torch.Tensor):
+                raise ValueError(f"groups must consist of torch.Tensor; groups[{i}] holds a "
+                                 f"{type(p).__name__}")
+            if id(p) in seen:
+                raise ValueError("a parameter can only appear once in groups; one appears "
+                                 f"again in groups[{i}]")
+            seen.add(id(p))
+        out.append(list(group))
+    return out
+
+
+__all__ = ["DistributedOptimizer", "OptimizerUsageError"]

@@ -1,0 +1,145 @@
+"""Every allreduce algorithm x dtype x op x length against the numpy reference, in-process.
+
+One MPI job per topology loops over the whole matrix (starting a job per case would take
+minutes); the algorithms are called directly on a Group built like the engine builds it, so
+every algorithm is exercised whatever ``auto`` would pick.  Results must also be bitwise
+identical on every rank.
+"""
+
+import os
+import zlib
+
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+from mpitrain import config as config_mod
+from mpitrain import topology
+from mpitrain.ops import collectives, reference
+from mpitrain.ops.group import Group
+from mpitrain.ops.types import STORAGE, ReduceOp
+
+MPI_CONFIGS = ("np1", "np2", "np3", "np4", "2x2", "3=2+1")
+
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+DTYPES = list(STORAGE)
+OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
+# 0, 1, primes, lengths not divisible by 2, 3 or 4, and one that spans many kernel chunks.
+LENGTHS = [0, 1, 2, 7, 131, 1009, 300_007]
+ALGORITHMS = ["mpi", "shm", "ring", "hierarchical"]
+
+
+@pytest.fixture(scope="module")
+def group():
+    cfg = config_mod.load()
+    topo, comms = topology.build(WORLD.Dup(), cfg.local_size)
+    g = Group(comms, topo, cfg)
+    yield g
+    g.close()
+
+
+def values(rank: int, n: int, dtype: str, op: ReduceOp) -> np.ndarray:
+    gen = np.random.default_rng(7919 * rank + n + 31 * DTYPES.index(dtype))
+    if dtype == "bool":
+        return gen.random(n) > 0.5
+    if dtype in ("uint8", "int8", "int16", "int32", "int64"):
+        low, high = (-3, 4) if op == ReduceOp.PRODUCT else (-120, 120)
+        if dtype == "uint8":
+            low, high = 0, 200
+        return gen.integers(low, high, n).astype(STORAGE[dtype])
+    data = gen.normal(size=n).astype(np.float32)
+    if op == ReduceOp.PRODUCT:
+        data = (0.5 + np.abs(data)).astype(np.float32)
+    if dtype == "bfloat16":
+        return reference.f32_to_bf16(data)
+    return data.astype(STORAGE[dtype])
+
+
+def check(got: np.ndarray, want: np.ndarray, dtype: str, what: str) -> None:
+    if dtype in ("float16", "bfloat16", "float32", "float64"):
+        g = reference.widen(got, dtype).astype(np.float64)
+        w = reference.widen(want, dtype).astype(np.float64)
+        tol = {"float16": 1e-2, "bfloat16": 3e-2, "float32": 1e-5, "float64": 1e-12}[dtype]
+        np.testing.assert_allclose(g, w, rtol=tol, atol=tol, err_msg=what)
+    else:
+        np.testing.assert_array_equal(got, want, err_msg=what)
+
+
+def same_everywhere(group: Group, data: np.ndarray) -> bool:
+    digest = zlib.crc32(np.ascontiguousarray(data).view(np.uint8).tobytes())
+    return len(set(WORLD.allgather(digest))) == 1
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+@pytest.mark.parametrize("in_place", [False, True])
+def test_allreduce_matrix(group, algorithm, in_place):
+    for dtype in DTYPES:
+        for op in OPS:
+            scales = [(1.0, 1.0)] if dtype == "bool" else [(1.0, 1.0), (0.5, 3.0)]
+            for pre, post in scales:
+                for n in LENGTHS:
+                    if n > 2000 and (op != ReduceOp.SUM or dtype in ("int16", "uint8")):
+                        continue  # the long case once per dtype is enough
+                    send = values(RANK, n, dtype, op)
+                    recv = send if in_place else np.full_like(send, 1)
+                    collectives.allreduce(group, send, recv, dtype, op, pre, post,
+                                          algorithm=algorithm)
+                    want = reference.reduce([values(r, n, dtype, op) for r in range(SIZE)],
+                                            dtype, op, pre, post)
+                    what = f"{algorithm} {dtype} {op.name} n={n} pre={pre} post={post}"
+                    check(recv, want, dtype, what)
+                    assert same_everywhere(group, recv), what
+
+
+@pytest.mark.parametrize("streams", [2, 3])
+def test_channels_split_large_buckets(group, streams):
+    n = (3 << 20) // 4 + 5  # three channel parts of at least 1 MiB, not evenly divisible
+    for algorithm in ("shm", "ring", "hierarchical"):
+        send = values(RANK, n, "float32", ReduceOp.SUM)
+        recv = np.empty_like(send)
+        collectives.allreduce(group, send, recv, "float32", ReduceOp.SUM, 1.0, 0.25,
+                              algorithm=algorithm, streams=streams)
+        want = reference.reduce([values(r, n, "float32", ReduceOp.SUM) for r in range(SIZE)],
+                                "float32", ReduceOp.SUM, 1.0, 0.25)
+        check(recv, want, "float32", f"{algorithm} streams={streams}")
+        assert same_everywhere(group, recv)
+
+
+@pytest.mark.parametrize("nbytes", [0, 13, 1 << 20])
+def test_allgather_broadcast_through_shared_memory(group, nbytes):
+    counts = [nbytes + 3 * r for r in range(SIZE)]
+    send = np.full(counts[RANK], RANK + 1, dtype=np.uint8)
+    recv = np.zeros(sum(counts), dtype=np.uint8)
+    collectives.allgather(group, send, recv, counts)
+    want = np.concatenate([np.full(c, r + 1, dtype=np.uint8) for r, c in enumerate(counts)])
+    np.testing.assert_array_equal(recv, want)
+    buf = np.full(nbytes, RANK + 7, dtype=np.uint8)
+    root = SIZE - 1
+    collectives.broadcast(group, buf, root)
+    np.testing.assert_array_equal(buf, np.full(nbytes, root + 7, dtype=np.uint8))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
+@pytest.mark.parametrize("n", [5, 400_003])
+def test_reducescatter(group, dtype, n):
+    counts = [n // SIZE + (1 if r < n % SIZE else 0) for r in range(SIZE)]
+    send = values(RANK, n, dtype, ReduceOp.SUM)
+    recv = np.empty(counts[RANK], dtype=send.dtype)
+    collectives.reducescatter(group, send, recv, counts, dtype, ReduceOp.SUM, 2.0, 0.5)
+    full = reference.reduce([values(r, n, dtype, ReduceOp.SUM) for r in range(SIZE)], dtype,
+                            ReduceOp.SUM, 2.0, 0.5)
+    lo = sum(counts[:RANK])
+    check(recv, full[lo:lo + counts[RANK]], dtype, f"reducescatter {dtype} n={n}")
+
+
+def test_auto_picks_by_size_and_layout(group):
+    small = collectives.choose_allreduce(group, 8, "auto")
+    large = collectives.choose_allreduce(group, 64 << 20, "auto")
+    if SIZE == 1:
+        assert large == "ring"
+        return
+    assert small == "mpi"
+    multi_node = group.topology.num_nodes > 1
+    assert large == ("hierarchical" if multi_node else "shm")
+    assert multi_node == (os.environ.get("MPITRAIN_LOCAL_SIZE") is not None)

@@ -1,0 +1,304 @@
+"""DistributedOptimizer: N steps on p ranks equal one process training on the joined batches.
+
+Every rank also trains the reference locally (no communication) on the concatenation of all
+ranks' batches, so each assertion compares against exact single-process training.  Errors are
+checked at world size 2.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from mpi4py import MPI
+
+import mpitrain as hvd
+from mpitrain.torch.optimizer import OptimizerUsageError
+
+MPI_CONFIGS = ("np2", "np4")
+SIZE = MPI.COMM_WORLD.Get_size()
+RANK = MPI.COMM_WORLD.Get_rank()
+PER_RANK = 3
+STEPS = 4
+
+
+def _model(seed: int = 0) -> torch.nn.Module:
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.Tanh(), torch.nn.Linear(7, 3))
+
+
+def _batch(step: int, micro: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch of one (step, micro-step): SIZE * PER_RANK rows, same on every rank."""
+    g = torch.Generator().manual_seed(1000 * step + micro)
+    return (torch.randn(SIZE * PER_RANK, 5, generator=g),
+            torch.randn(SIZE * PER_RANK, 3, generator=g))
+
+
+def _mine(t: torch.Tensor) -> torch.Tensor:
+    return t[RANK * PER_RANK:(RANK + 1) * PER_RANK]
+
+
+def _train(make_opt, distributed: bool, passes: int = 1, loss_scale: float = 1.0):
+    model = _model()
+    opt = make_opt(model)
+    for step in range(STEPS):
+        opt.zero_grad()
+        for micro in range(passes):
+            x, y = _batch(step, micro)
+            if distributed:
+                x, y = _mine(x), _mine(y)
+            loss = torch.nn.functional.mse_loss(model(x), y) * loss_scale / passes
+            loss.backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def _sgd(model):
+    return torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+
+
+def _assert_same(got, want, tol=1e-5):
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kwargs", [
+    {},
+    {"shared_buckets": False},
+    {"groups": 2},
+    {"gradient_predivide_factor": 2.0},
+    {"compression": hvd.Compression.fp16},
+    {"compression": hvd.Compression.bf16},
+], ids=["default", "no-buckets", "groups2", "predivide", "fp16", "bf16"])
+def test_matches_single_process_on_joined_batches(hvd, kwargs):
+    want = _train(_sgd, distributed=False)
+    got = _train(lambda m: hvd.DistributedOptimizer(_sgd(m), m.named_parameters(), **kwargs),
+                 distributed=True)
+    lossy = "compression" in kwargs
+    _assert_same(got, want, tol=2e-2 if lossy else 1e-5)
+
+
+@pytest.mark.parametrize("passes", [2, 3])
+def test_backward_passes_per_step_accumulates(hvd, passes):
+    want = _train(_sgd, distributed=False, passes=passes)
+    got = _train(lambda m: hvd.DistributedOptimizer(_sgd(m), m.named_parameters(),
+                                                    backward_passes_per_step=passes),
+                 distributed=True, passes=passes)
+    _assert_same(got, want)
+
+
+def test_set_backward_passes_per_step(hvd):
+    want = _train(_sgd, distributed=False, passes=2)
+
+    def make(m):
+        opt = hvd.DistributedOptimizer(_sgd(m), m.named_parameters())
+        opt.set_backward_passes_per_step(2)
+        return opt
+
+    _assert_same(_train(make, distributed=True, passes=2), want)
+
+
+def test_sum_op_and_adam_and_explicit_groups(hvd):
+    # Sum of the per-rank mean losses = SIZE * the joined mean loss.
+    want = _train(lambda m: torch.optim.Adam(m.parameters(), lr=0.01), distributed=False,
+                  loss_scale=SIZE)
+
+    def make(m):
+        params = list(m.parameters())
+        return hvd.DistributedOptimizer(torch.optim.Adam(params, lr=0.01), m.named_parameters(),
+                                        op=hvd.Sum, groups=[params[:2], params[3:]])
+
+    _assert_same(_train(make, distributed=True), want, tol=1e-4)
+
+
+def test_unnamed_parameters_and_param_groups(hvd):
+    def make_plain(m):
+        return torch.optim.SGD([{"params": m[0].parameters(), "lr": 0.05},
+                                {"params": m[2].parameters()}], lr=0.1)
+
+    want = _train(make_plain, distributed=False)
+    got = _train(lambda m: hvd.DistributedOptimizer(make_plain(m)), distributed=True)
+    _assert_same(got, want)
+
+
+class _TwoHeads(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = torch.nn.Linear(4, 4)
+        self.head_a = torch.nn.Linear(4, 2)
+        self.head_b = torch.nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor, use_b: bool) -> torch.Tensor:
+        h = torch.tanh(self.body(x))
+        out = self.head_a(h)
+        return out + self.head_b(h) if use_b else out
+
+
+def test_parameter_without_gradient_on_some_ranks_does_not_hang(hvd):
+    """Only rank 0 uses head_b: the others contribute zeros, submitted at step()."""
+
+    def run(distributed: bool):
+        model = _TwoHeads()
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        if distributed:
+            opt = hvd.DistributedOptimizer(opt, model.named_parameters())
+        for step in range(3):
+            x, y = _batch(step, 0)
+            x, y = x[:, :4], y[:, :2]
+            opt.zero_grad()
+            if distributed:
+                loss = torch.nn.functional.mse_loss(model(_mine(x), RANK == 0), _mine(y))
+            else:  # the mean over ranks of each rank's loss
+                loss = sum(torch.nn.functional.mse_loss(
+                    model(x[r * PER_RANK:(r + 1) * PER_RANK], r == 0),
+                    y[r * PER_RANK:(r + 1) * PER_RANK]) for r in range(SIZE)) / SIZE
+            loss.backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    _assert_same(run(True), run(False))
+
+
+class _Bag(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb = torch.nn.Embedding(20, 4, sparse=True)
+        self.out = torch.nn.Linear(4, 1)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.out(self.emb(idx).mean(1))
+
+
+@pytest.mark.parametrize("sparse_as_dense", [False, True])
+def test_sparse_gradients(hvd, sparse_as_dense):
+    def run(distributed: bool):
+        model = _Bag()
+        opt = torch.optim.SGD(model.parameters(), lr=0.5)
+        if distributed:
+            opt = hvd.DistributedOptimizer(opt, model.named_parameters(),
+                                           sparse_as_dense=sparse_as_dense)
+        for step in range(3):
+            g = torch.Generator().manual_seed(step)
+            idx = torch.randint(0, 20, (SIZE * PER_RANK, 3), generator=g)
+            y = torch.randn(SIZE * PER_RANK, 1, generator=g)
+            if distributed:
+                idx, y = _mine(idx), _mine(y)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(idx), y).backward()
+            if distributed and not sparse_as_dense:
+                assert model.emb.weight.grad.is_sparse
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
+    _assert_same(run(True), run(False))
+
+
+def test_synchronize_then_clip_then_step_in_skip_synchronize(hvd):
+    model = _model()
+    opt = hvd.DistributedOptimizer(_sgd(model), model.named_parameters())
+    x, y = _batch(0, 0)
+    torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)).backward()
+    opt.synchronize()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    grads = [p.grad.clone() for p in model.parameters()]
+    everyone = hvd.allgather_object(grads)
+    for other in everyone:
+        _assert_same(other, grads, tol=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with opt.skip_synchronize():
+            opt.step()
+
+
+def test_shared_buckets_reduce_without_copies(hvd):
+    """One group: its gradients lie back to back in one bucket, so the grouped request is
+    reduced where it lies, every step, and gradients stay bucket views across zero_grad()."""
+    model = _model()
+    opt = hvd.DistributedOptimizer(_sgd(model), model.named_parameters(), groups=1)
+    engine = hvd.runtime.state().engine
+    for step in range(3):
+        x, y = _batch(step, 0)
+        opt.zero_grad()
+        before = engine.stats()["zero_copy_buckets"]
+        torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)).backward()
+        opt.step()
+        assert engine.stats()["zero_copy_buckets"] == before + 1
+    views = {id(p): v for p, v in opt._views.items()}
+    assert all(p.grad.data_ptr() == views[id(p)].data_ptr() for p in model.parameters())
+    opt.zero_grad()
+    assert all(float(p.grad.abs().sum()) == 0.0 for p in model.parameters())
+    assert all(p.grad.data_ptr() == views[id(p)].data_ptr() for p in model.parameters())
+
+
+# ------------------------------------------------------------------------------ errors
+@pytest.mark.world_sizes(2)
+def test_bad_arguments_raise(hvd):
+    model = _model()
+    named = list(model.named_parameters())
+    with pytest.raises(TypeError, match="torch.optim.Optimizer"):
+        hvd.DistributedOptimizer(model)
+    with pytest.raises(ValueError, match="duplicates: 0.weight"):
+        hvd.DistributedOptimizer(_sgd(model), [named[0], named[0], *named[1:]])
+    with pytest.raises(ValueError, match="not named"):
+        hvd.DistributedOptimizer(_sgd(model), named[1:])
+    with pytest.raises(ValueError, match="tuples"):
+        hvd.DistributedOptimizer(_sgd(model), [p for _, p in named])
+    with pytest.raises(ValueError, match="only supported with op=Average"):
+        hvd.DistributedOptimizer(_sgd(model), named, op=hvd.Sum, gradient_predivide_factor=2)
+    with pytest.raises(ValueError, match="Adasum"):
+        hvd.DistributedOptimizer(_sgd(model), named, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        hvd.DistributedOptimizer(_sgd(model), named, backward_passes_per_step=0)
+    with pytest.raises(ValueError, match="groups"):
+        hvd.DistributedOptimizer(_sgd(model), named, groups=-1)
+    with pytest.raises(ValueError, match="torch.Tensor"):
+        hvd.DistributedOptimizer(_sgd(model), named, groups=[[1.0]])
+    p0 = named[0][1]
+    with pytest.raises(ValueError, match="only appear once"):
+        hvd.DistributedOptimizer(_sgd(model), named, groups=[[p0], [p0]])
+    opt = hvd.DistributedOptimizer(_sgd(model), named)
+    with pytest.raises(ValueError, match="already a DistributedOptimizer"):
+        hvd.DistributedOptimizer(opt, named)
+    with pytest.raises(ValueError, match="backward_passes_per_step"):
+        opt.set_backward_passes_per_step(0)
+
+
+@pytest.mark.world_sizes(2)
+def test_zero_grad_with_pending_reductions_raises(hvd):
+    model = _model()
+    opt = hvd.DistributedOptimizer(_sgd(model), model.named_parameters())
+    x, y = _batch(0, 0)
+    torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)).backward()
+    with pytest.raises(AssertionError, match="zero_grad"):
+        opt.zero_grad()
+    with pytest.raises(OptimizerUsageError):
+        opt.zero_grad()
+    opt.step()  # the pending reductions complete on every rank
+    opt.zero_grad()
+
+
+@pytest.mark.world_sizes(2)
+@pytest.mark.parametrize("passes", [1, 2])
+def test_more_backward_passes_than_declared_raises(hvd, passes):
+    model = _model()
+    opt = hvd.DistributedOptimizer(_sgd(model), model.named_parameters(),
+                                   backward_passes_per_step=passes)
+    x, y = _batch(0, 0)
+    for _ in range(passes):
+        torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)).backward()
+    with pytest.raises(OptimizerUsageError, match="more than backward_passes_per_step"):
+        torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)).backward()
+    opt.synchronize()
+
+
+def test_step_after_synchronize_without_skip_warns(hvd):
+    model = _model()
+    opt = hvd.DistributedOptimizer(_sgd(model), model.named_parameters())
+    x, y = _batch(0, 0)
+    torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)).backward()
+    opt.synchronize()
+    with pytest.warns(UserWarning, match="skip_synchronize"):
+        opt.step()
