@@ -169,7 +169,9 @@ class DeviceGroup:
 
         def reduce_host(host: np.ndarray) -> None:
             if host_group is self.group:
-                host_allreduce(self.group, host, host, dtype, op, prescale, postscale)
+                # streams=1: the device channels already run in parallel; no nested split.
+                host_allreduce(self.group, host, host, dtype, op, prescale, postscale,
+                               streams=1)
             else:
                 mpi_ops.allreduce(host_group, host, host, dtype, op, prescale, postscale)
 
