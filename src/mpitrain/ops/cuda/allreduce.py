@@ -29,7 +29,7 @@ from .. import mpi as mpi_ops
 from ..collectives import allreduce as host_allreduce
 from ..group import Group
 from ..types import STORAGE, ReduceOp
-from . import ipc, kernels, transport
+from . import ipc, kernels, streams, transport
 from .pack import Packer
 from .runtime import require
 from .streams import Channel, Channels, CupyStreams
@@ -126,14 +126,23 @@ class DeviceGroup:
 
     # ------------------------------------------------------------------ device work
     def _numba(self, array: Any) -> Any:
+        if kernels.simulated():
+            # numba's CUDA simulator (CPU tests over a fake device, whose "device" memory is
+            # host memory) takes host arrays and has no from_cuda_array_interface.
+            return np.asarray(array)
         return self.numba_cuda.from_cuda_array_interface(array.__cuda_array_interface__,
                                                          owner=array, sync=False)
+
+    def _numba_stream(self, stream: Any) -> Any:
+        if kernels.simulated():
+            return 0
+        return self.numba_cuda.external_stream(stream.ptr)
 
     def reduce(self, channel: Channel, inputs: list[Any], out: Any, dtype: str, op: ReduceOp,
                prescale: float, postscale: float) -> None:
         kind = "uint8" if dtype == "bool" else dtype
         scratch = self._scratch_for(channel, kernels.accumulator_dtype(kind), int(out.size))
-        stream = self.numba_cuda.external_stream(channel.stream.ptr)
+        stream = self._numba_stream(channel.stream)
         kernels.reduce_buffers([self._numba(x) for x in inputs], self._numba(out), dtype, op,
                                prescale, postscale, self._numba(scratch), stream)
 
@@ -192,7 +201,7 @@ class DeviceGroup:
         # accumulation as everywhere else), narrowing with the postscale fused in.
         work = self._scratch_for(channel, np.dtype(np.float32), int(buf.size)) if wide else buf
         if wide:
-            kernels_stream = self.numba_cuda.external_stream(channel.stream.ptr)
+            kernels_stream = self._numba_stream(channel.stream)
             kernels.cast(self._numba(buf), self._numba(work), dtype, "float32", prescale,
                          kernels_stream)
         elif prescale != 1.0:
@@ -200,7 +209,7 @@ class DeviceGroup:
         channel.stream.synchronize()  # MPI reads device memory outside any stream
         comm.Allreduce(MPI.IN_PLACE, work, op=mpi_op)
         if wide:
-            kernels_stream = self.numba_cuda.external_stream(channel.stream.ptr)
+            kernels_stream = self._numba_stream(channel.stream)
             kernels.cast(self._numba(work), self._numba(buf), "float32", dtype, postscale,
                          kernels_stream)
         elif postscale != 1.0:
@@ -238,7 +247,7 @@ class DeviceGroup:
         def work(channel: Channel, start: int, stop: int) -> None:
             self._slice(channel, fused, dtype, op, prescale, postscale, start, stop, align)
 
-        min_chunk = max(1, (1 << 20) // storage.itemsize)
+        min_chunk = max(1, streams.MIN_CHUNK_BYTES // storage.itemsize)
         self.channels.run(pack_stream, packed, count, work, align, min_chunk,
                           join=[pack_stream])
         if not in_place_single:
@@ -280,12 +289,12 @@ class DeviceGroup:
 
     def close(self) -> None:
         """Release everything; not collective (safe at shutdown with a dead peer)."""
+        if self.window is not None:  # before its communicator is freed below
+            self.window.close(collective=False)
         self.channels.close()
         for comm in (*self.local_comms, *self.cross_comms):
             with contextlib.suppress(Exception):  # best effort at teardown
                 comm.Free()
-        if self.window is not None:
-            self.window.close(collective=False)
         self._packers.clear()
         self._scratch.clear()
         self._pinned.clear()
