@@ -213,6 +213,9 @@ class _Runtime:
     def getDeviceCount(self):
         return 1
 
+    def getDevice(self):
+        return 0
+
     def memcpyAsync(self, dst, src, nbytes, kind, stream):
         ctypes.memmove(dst, src, nbytes)
 

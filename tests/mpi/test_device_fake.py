@@ -144,3 +144,11 @@ def test_broadcast_and_allgather_of_device_arrays_are_staged(hvd):
     assert isinstance(g, cupy.ndarray)
     want = np.concatenate([np.full((r + 1, 2), r, np.int64) for r in range(SIZE)])
     np.testing.assert_array_equal(np.asarray(g), want)
+
+
+def test_joined_ranks_contribute_zeros_from_the_device_path(hvd):
+    if RANK == 0:
+        x = cupy.asarray(np.full(10, 3.0, np.float32))
+        out = hvd.allreduce(x, op=hvd.Sum, name="after.join")
+        np.testing.assert_array_equal(np.asarray(out), 3.0)
+    assert hvd.join() in range(SIZE)

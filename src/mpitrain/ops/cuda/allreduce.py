@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -61,11 +61,12 @@ class DeviceGroup:
     """The GPU data plane of one process set on this rank."""
 
     def __init__(self, group: Group, cuda_aware: bool,
-                 force: transport.Transport | None = None) -> None:
+                 force: transport.Transport | None = None, device: int | None = None) -> None:
         """Args:
             cuda_aware: whether MPI takes device pointers (detected at init).
             force: one transport for the whole allreduce instead of the topology's choice
                 (benchmarks compare host staging with the chosen path this way).
+            device: the GPU this rank drives (default: the calling thread's current one).
         """
         self.cupy = require("allreduce of CUDA tensors")
         import cupyx
@@ -73,6 +74,7 @@ class DeviceGroup:
 
         self.cupyx = cupyx
         self.numba_cuda = numba_cuda
+        self.device = int(self.cupy.cuda.runtime.getDevice()) if device is None else device
         self.group = group
         self.backend = CupyStreams(self.cupy)
         topo = group.topology
@@ -97,6 +99,17 @@ class DeviceGroup:
         self._scratch: dict[tuple[int, str], Any] = {}
         self._pinned: dict[int, list[Any]] = {}
         self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def on_device(self) -> Iterator[None]:
+        """Make this rank's GPU current for cupy and numba on the calling thread (the engine's
+        and the channels' threads start on device 0 otherwise)."""
+        with self.cupy.cuda.Device(self.device):
+            if kernels.simulated():
+                yield
+            else:
+                with self.numba_cuda.gpus[self.device]:
+                    yield
 
     # ---------------------------------------------------------------------- buffers
     def _fusion_buffer(self, nbytes: int) -> Any:
@@ -229,6 +242,13 @@ class DeviceGroup:
         count = sum(int(x.size) for x in inputs)
         if count == 0:
             return
+        with self.on_device():
+            self._allreduce(inputs, outputs, storage, count, dtype, op, prescale, postscale,
+                            ready, framework_streams)
+
+    def _allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any], storage: np.dtype,
+                   count: int, dtype: str, op: ReduceOp, prescale: float, postscale: float,
+                   ready: Sequence[Any], framework_streams: Sequence[Any]) -> None:
         pack_channel = self.channels.channels[0]
         pack_stream = pack_channel.stream
         for event in ready:
@@ -245,7 +265,8 @@ class DeviceGroup:
         align = max(1, 256 // storage.itemsize)
 
         def work(channel: Channel, start: int, stop: int) -> None:
-            self._slice(channel, fused, dtype, op, prescale, postscale, start, stop, align)
+            with self.on_device():
+                self._slice(channel, fused, dtype, op, prescale, postscale, start, stop, align)
 
         min_chunk = max(1, streams.MIN_CHUNK_BYTES // storage.itemsize)
         self.channels.run(pack_stream, packed, count, work, align, min_chunk,
