@@ -18,7 +18,9 @@ GPU, a numpy view in the simulator.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from typing import Any
 
 import numpy as np
@@ -37,6 +39,9 @@ else:
 
 THREADS = 256
 MAX_BLOCKS = 4096  # grid-stride beyond this: enough blocks to fill any current GPU
+
+# The simulator runs one kernel at a time per process; channels launch from several threads.
+_launching: Any = threading.Lock() if _SIMULATED else contextlib.nullcontext()
 
 
 def _require_numba() -> Any:
@@ -278,7 +283,7 @@ def _as_op(dtype: str, op: ReduceOp) -> ReduceOp:
 
 def reduce_buffers(inputs: list[Any], out: Any, dtype: str, op: ReduceOp, prescale: float,
                    postscale: float, scratch: Any, stream: Any = 0,
-                   threads: int = THREADS, max_blocks: int = MAX_BLOCKS) -> None:
+                   threads: int | None = None, max_blocks: int | None = None) -> None:
     """Reduce equally long device buffers into ``out`` (which may be one of them).
 
     Args:
@@ -292,34 +297,37 @@ def reduce_buffers(inputs: list[Any], out: Any, dtype: str, op: ReduceOp, presca
     if op not in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
         raise ValueError(f"reduce_buffers takes Sum/Min/Max/Product, not {op!r}")
     n = int(out.shape[0])
-    blocks, threads = launch_shape(n, threads, max_blocks)
+    blocks, threads = launch_shape(n, threads or THREADS, max_blocks or MAX_BLOCKS)
     kind = "uint8" if dtype == "bool" else dtype
     op = _as_op(dtype, op)
     if dtype == "bool":
         prescale = postscale = 1.0
     if len(inputs) == 1:
-        scale_kernel(kind, kind)[blocks, threads, stream](inputs[0], out, n, prescale,
-                                                          postscale)
+        with _launching:
+            scale_kernel(kind, kind)[blocks, threads, stream](inputs[0], out, n, prescale,
+                                                              postscale)
         return
     for a, b, kind_a, kind_out, last in reduce_plan(len(inputs), kind):
         first = a >= 0
         src_a = inputs[a] if first else scratch
         dst = out if last else scratch
         kernel = combine_kernel(kind_a, kind, kind_out, op)
-        kernel[blocks, threads, stream](src_a, inputs[b], dst, n,
-                                        prescale if first else 1.0, prescale,
-                                        postscale if last else 1.0)
+        with _launching:
+            kernel[blocks, threads, stream](src_a, inputs[b], dst, n,
+                                            prescale if first else 1.0, prescale,
+                                            postscale if last else 1.0)
 
 
 def cast(src: Any, out: Any, dtype_in: str, dtype_out: str, scale: float = 1.0,
-         stream: Any = 0, threads: int = THREADS, max_blocks: int = MAX_BLOCKS) -> None:
+         stream: Any = 0, threads: int | None = None, max_blocks: int | None = None) -> None:
     """Convert ``src`` to ``out`` (fp16/bf16 compression and back), times ``scale``."""
     for name in (dtype_in, dtype_out):
         if name not in FLOATING:
             raise TypeError(f"cast converts floating types, got {name!r}")
     n = int(src.shape[0])
-    blocks, threads = launch_shape(n, threads, max_blocks)
-    scale_kernel(dtype_in, dtype_out)[blocks, threads, stream](src, out, n, scale, 1.0)
+    blocks, threads = launch_shape(n, threads or THREADS, max_blocks or MAX_BLOCKS)
+    with _launching:
+        scale_kernel(dtype_in, dtype_out)[blocks, threads, stream](src, out, n, scale, 1.0)
 
 
 def simulated() -> bool:
