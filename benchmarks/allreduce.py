@@ -46,10 +46,10 @@ CONFIGS = {"2": (2, {}), "4": (4, {}), "2x2": (4, {"MPITRAIN_LOCAL_SIZE": "2"})}
 
 def _iters(nbytes: int) -> int:
     if nbytes <= 64 * KiB:
-        return 200
+        return 300
     if nbytes <= 4 * MiB:
         return 30
-    return 7 if nbytes <= 64 * MiB else 4
+    return 9 if nbytes <= 64 * MiB else 6
 
 
 def _free_port() -> int:
@@ -202,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
                         help="world sizes / topologies (2x2: 4 ranks as 2 emulated nodes)")
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=int, default=3,
                         help="rounds in which every contender takes its turn")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2],
                         help="MPITRAIN_ALLREDUCE_STREAMS values to compare (from 4 MiB)")
