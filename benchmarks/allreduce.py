@@ -16,8 +16,9 @@ Per size and contender it prints the median time after warm-up, algbw = S/t and 
 algbw·2(p-1)/p (nccl-tests), and ``floor`` = (2·p·S/t) / copy bandwidth, the fraction of the
 memory-traffic limit reached (copy bandwidth is measured in the same job: all ranks copying a
 buffer larger than the last-level cache at once, bytes read + written per second).  Then, per
-topology, the measured crossover: the smallest size from which a shared-memory algorithm beats
-MPI's Allreduce (the selection threshold in ``mpitrain.ops.collectives``).
+topology, the measured crossover: the smallest size from which one of mpitrain's algorithms
+beats MPI's Allreduce (the selection threshold in ``mpitrain.ops.collectives``), and the same
+for broadcast and allgather through shared memory against MPI's own (from 16 KiB).
 
     .venv/bin/python benchmarks/allreduce.py                      # 8 B .. 256 MiB, p=2,4,2x2
     .venv/bin/python benchmarks/allreduce.py --quick              # 8 B, 64 KiB, 1 MiB, 64 MiB
@@ -33,6 +34,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,8 +60,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def worker(sizes: list[int], rounds: int, streams: list[int]) -> int:
-    """Runs on every rank; rank 0 prints one JSON line starting with BENCH."""
+def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> int:
+    """Runs on every rank; rank 0 writes the medians as JSON to ``result``."""
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -68,7 +70,7 @@ def worker(sizes: list[int], rounds: int, streams: list[int]) -> int:
     import mpitrain as hvd
     from mpitrain import config as config_mod
     from mpitrain import topology
-    from mpitrain.ops import collectives
+    from mpitrain.ops import collectives, mpi, shm
     from mpitrain.ops.group import Group
     from mpitrain.ops.types import ReduceOp
 
@@ -142,14 +144,31 @@ def worker(sizes: list[int], rounds: int, streams: list[int]) -> int:
 
     for nbytes in sizes:
         measure(nbytes)
+
+    # Broadcast and allgather: MPI's own against shared memory (collectives.SHM_MIN_BYTES).
+    node = group.node()
+    for nbytes in (s for s in sizes if s >= 16 * KiB and node.cma and size > 1):
+        buf = np.full(nbytes, rank, dtype=np.uint8)
+        part = np.full(nbytes // size, rank, dtype=np.uint8)
+        gathered = np.empty(part.nbytes * size, dtype=np.uint8)
+        counts = [part.nbytes] * size
+        others = {
+            "broadcast:mpi": lambda b=buf: mpi.broadcast(group, b, 0),
+            "broadcast:shm": lambda b=buf: shm.broadcast(node, b, 0),
+            "allgather:mpi": lambda p_=part, g=gathered, c=counts: mpi.allgather(group, p_, g, c),
+            "allgather:shm": lambda p_=part, g=gathered, c=counts: shm.allgather(node, p_, g, c),
+        }
+        for _ in range(rounds):
+            for name, fn in others.items():
+                timed(name, nbytes, fn, max(1, _iters(nbytes) // rounds))
     dist.destroy_process_group()
     group.close()
     hvd.shutdown()
     if rank == 0:
         med = {name: {str(s): statistics.median(t) for s, t in per.items()}
                for name, per in results.items()}
-        print("BENCH " + json.dumps({"p": size, "nodes": topo.num_nodes, "copy_Bps": copy_bw,
-                                     "median_s": med}), flush=True)
+        Path(result).write_text(json.dumps({"p": size, "nodes": topo.num_nodes,
+                                            "copy_Bps": copy_bw, "median_s": med}))
     return 0
 
 
@@ -166,7 +185,9 @@ def _fmt_time(t: float) -> str:
 
 def report(name: str, data: dict) -> str:
     p, copy_bw = data["p"], data["copy_Bps"]
-    med = data["median_s"]
+    med = {k: v for k, v in data["median_s"].items() if ":" not in k or
+           k.startswith("mpitrain:")}
+    other = {k: v for k, v in data["median_s"].items() if k not in med}
     lines = [f"\n### p={p} ({name}; {data['nodes']} node(s)); copy bandwidth "
              f"{copy_bw / 1e9:.1f} GB/s (read+write, all ranks)",
              "",
@@ -193,6 +214,19 @@ def report(name: str, data: dict) -> str:
     lines.append("")
     lines.append(f"measured crossover (p={p}, {name}): mpitrain's own algorithms beat MPI's "
                  f"Allreduce from {_fmt_size(crossover) if crossover else 'never'} on")
+    if other:
+        lines += ["", "| size | broadcast mpi | broadcast shm | allgather mpi | allgather shm |",
+                  "|---:|---:|---:|---:|---:|"]
+        for s in sorted({int(s) for per in other.values() for s in per}):
+            cells = [_fmt_time(other[k][str(s)]) for k in
+                     ("broadcast:mpi", "broadcast:shm", "allgather:mpi", "allgather:shm")]
+            lines.append(f"| {_fmt_size(s)} | " + " | ".join(cells) + " |")
+        for kind in ("broadcast", "allgather"):
+            wins = [int(s) for s in other[f"{kind}:shm"]
+                    if other[f"{kind}:shm"][s] < other[f"{kind}:mpi"][s]]
+            first = _fmt_size(min(wins)) if wins else "never"
+            lines.append(f"\nmeasured crossover (p={p}, {name}): {kind} through shared memory "
+                         f"beats MPI's from {first} on")
     return "\n".join(lines)
 
 
@@ -208,10 +242,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="MPITRAIN_ALLREDUCE_STREAMS values to compare (from 4 MiB)")
     parser.add_argument("--json", help="also write the raw medians here")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
     if args.worker:
-        return worker(sizes, args.rounds, args.streams)
+        return worker(sizes, args.rounds, args.streams, args.result)
     mpirun = Path(sys.executable).with_name("mpirun")
     everything = {}
     print(f"# allreduce float32, Sum; {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M')}")
@@ -220,16 +255,17 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, **extra, OMPI_MCA_mpi_yield_when_idle="1",
                    OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    MPITRAIN_SET_CPU_THREADS="1", OMP_NUM_THREADS="1")
-        cmd = [str(mpirun), "--oversubscribe", "-np", str(np_), sys.executable, __file__,
-               "--worker", "--rounds", str(args.rounds), "--sizes", *map(str, sizes),
-               "--streams", *map(str, args.streams)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
-        if proc.returncode != 0 or line is None:
-            print(f"config {name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                  f"{proc.stderr[-3000:]}", file=sys.stderr)
-            return 1
-        data = json.loads(line[len("BENCH "):])
+        with tempfile.TemporaryDirectory() as tmp:
+            result = Path(tmp) / "result.json"
+            cmd = [str(mpirun), "--oversubscribe", "-np", str(np_), sys.executable, __file__,
+                   "--worker", "--rounds", str(args.rounds), "--sizes", *map(str, sizes),
+                   "--streams", *map(str, args.streams), "--result", str(result)]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+            if proc.returncode != 0 or not result.exists():
+                print(f"config {name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                      f"{proc.stderr[-3000:]}", file=sys.stderr)
+                return 1
+            data = json.loads(result.read_text())
         everything[name] = data
         print(report(name, data), flush=True)
     if args.json:
