@@ -147,7 +147,8 @@ def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> in
 
     # Broadcast and allgather: MPI's own against shared memory (collectives.SHM_MIN_BYTES).
     node = group.node()
-    for nbytes in (s for s in sizes if s >= 16 * KiB and node.cma and size > 1):
+    one_node = topo.num_nodes == 1 and size > 1 and node.cma
+    for nbytes in (s for s in sizes if s >= 16 * KiB and one_node):
         buf = np.full(nbytes, rank, dtype=np.uint8)
         part = np.full(nbytes // size, rank, dtype=np.uint8)
         gathered = np.empty(part.nbytes * size, dtype=np.uint8)
@@ -183,6 +184,17 @@ def _fmt_time(t: float) -> str:
     return f"{t * 1e6:.0f} us" if t < 1e-3 else f"{t * 1e3:.2f} ms"
 
 
+def _from_on(wins: list[tuple[int, bool]]) -> int | None:
+    """The smallest size from which the challenger wins at every larger size too."""
+    start = None
+    for size, won in sorted(wins):
+        if not won:
+            start = None
+        elif start is None:
+            start = size
+    return start
+
+
 def report(name: str, data: dict) -> str:
     p, copy_bw = data["p"], data["copy_Bps"]
     med = {k: v for k, v in data["median_s"].items() if ":" not in k or
@@ -194,7 +206,7 @@ def report(name: str, data: dict) -> str:
              "| size | contender | median | algbw GB/s | busbw GB/s | floor | vs mpi4py |",
              "|---:|---|---:|---:|---:|---:|---:|"]
     sizes = sorted({int(s) for per in med.values() for s in per})
-    crossover = None
+    wins: list[tuple[int, bool]] = []
     for s in sizes:
         mpi_t = med["mpi4py"][str(s)]
         for contender in med:
@@ -206,14 +218,14 @@ def report(name: str, data: dict) -> str:
             floor = 2 * p * s / t / copy_bw
             lines.append(f"| {_fmt_size(s)} | {contender} | {_fmt_time(t)} | {algbw / 1e9:.2f} "
                          f"| {busbw / 1e9:.2f} | {floor:.0%} | {mpi_t / t:.2f}x |")
-        fastest_shm = min(med[c][str(s)] for c in med
+        fastest_own = min(med[c][str(s)] for c in med
                           if c.startswith("mpitrain:") and c != "mpitrain:mpi"
                           and "auto" not in c and str(s) in med[c])
-        if crossover is None and fastest_shm < med["mpitrain:mpi"][str(s)]:
-            crossover = s
+        wins.append((s, fastest_own < med["mpitrain:mpi"][str(s)]))
+    crossover = _from_on(wins)
     lines.append("")
     lines.append(f"measured crossover (p={p}, {name}): mpitrain's own algorithms beat MPI's "
-                 f"Allreduce from {_fmt_size(crossover) if crossover else 'never'} on")
+                 f"Allreduce at every size from {_fmt_size(crossover) if crossover else 'never'}")
     if other:
         lines += ["", "| size | broadcast mpi | broadcast shm | allgather mpi | allgather shm |",
                   "|---:|---:|---:|---:|---:|"]
@@ -222,11 +234,11 @@ def report(name: str, data: dict) -> str:
                      ("broadcast:mpi", "broadcast:shm", "allgather:mpi", "allgather:shm")]
             lines.append(f"| {_fmt_size(s)} | " + " | ".join(cells) + " |")
         for kind in ("broadcast", "allgather"):
-            wins = [int(s) for s in other[f"{kind}:shm"]
-                    if other[f"{kind}:shm"][s] < other[f"{kind}:mpi"][s]]
-            first = _fmt_size(min(wins)) if wins else "never"
+            shm_t, mpi_t = other[f"{kind}:shm"], other[f"{kind}:mpi"]
+            start = _from_on(sorted((int(s), shm_t[s] < mpi_t[s]) for s in shm_t))
+            first = _fmt_size(start) if start else "never"
             lines.append(f"\nmeasured crossover (p={p}, {name}): {kind} through shared memory "
-                         f"beats MPI's from {first} on")
+                         f"beats MPI's at every size from {first}")
     return "\n".join(lines)
 
 
@@ -241,10 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2],
                         help="MPITRAIN_ALLREDUCE_STREAMS values to compare (from 4 MiB)")
     parser.add_argument("--json", help="also write the raw medians here")
+    parser.add_argument("--report", metavar="JSON", help="print the tables of a --json file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    if args.report:
+        for name, data in json.loads(Path(args.report).read_text()).items():
+            print(report(name, data))
+        return 0
     if args.worker:
         return worker(sizes, args.rounds, args.streams, args.result)
     mpirun = Path(sys.executable).with_name("mpirun")
