@@ -26,7 +26,8 @@ RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 DTYPES = list(STORAGE)
 OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
 # 0, 1, primes, lengths not divisible by 2, 3 or 4, and one that spans many kernel chunks.
-LENGTHS = [0, 1, 2, 7, 131, 1009, 300_007]
+LENGTHS = [0, 1, 7, 131, 1009, 300_007]
+IN_PLACE_LENGTHS = [0, 7, 1009]  # in place the same code runs with aliased buffers
 ALGORITHMS = ["mpi", "shm", "ring", "hierarchical"]
 
 
@@ -78,7 +79,7 @@ def test_allreduce_matrix(group, algorithm, in_place):
         for op in OPS:
             scales = [(1.0, 1.0)] if dtype == "bool" else [(1.0, 1.0), (0.5, 3.0)]
             for pre, post in scales:
-                for n in LENGTHS:
+                for n in IN_PLACE_LENGTHS if in_place else LENGTHS:
                     if n > 2000 and (op != ReduceOp.SUM or dtype in ("int16", "uint8")):
                         continue  # the long case once per dtype is enough
                     send = values(RANK, n, dtype, op)
