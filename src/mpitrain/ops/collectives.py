@@ -15,8 +15,9 @@ machine (the table is in the README).  A forced algorithm that cannot run on thi
 falls back to the nearest one that can (``shm`` across nodes becomes ``hierarchical``;
 ``hierarchical`` without cross-memory attach becomes ``ring``).
 
-Allgather, broadcast and reducescatter use shared memory on one node from
-:data:`SHM_MIN_BYTES`, MPI otherwise.  Every rank computes the same choice from the same
+Broadcast and allgather use shared memory on one node from :data:`SHM_MIN_BYTES`;
+reducescatter from the allreduce crossover (its shared-memory path is the first half of the
+shm allreduce); MPI otherwise.  Every rank computes the same choice from the same
 inputs (size, agreed topology, configuration), so the collectives always match.
 """
 
@@ -39,8 +40,11 @@ from .types import ReduceOp
 # 256 KiB and hierarchical was level or ahead from 1 MiB.
 MPI_MAX_BYTES = 1 << 20
 MPI_MAX_BYTES_OVERSUBSCRIBED = 4 << 20
-# Allgather/broadcast/reducescatter through shared memory from this many bytes in total.
-SHM_MIN_BYTES = 256 << 10
+# Broadcast and allgather through shared memory from this many bytes in total.  Measured:
+# Open MPI's shared-memory transport already copies large messages once (CMA), so ours only
+# pulls ahead at the largest sizes (p=2: broadcast at 256 MiB, allgather from 4 MiB; p=4:
+# broadcast from 16 MiB, allgather at 256 MiB, both within noise below).
+SHM_MIN_BYTES = 128 << 20
 
 __all__ = [
     "allgather",
@@ -111,9 +115,9 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
                                                                postscale))
 
 
-def _shm_node(group: Group, nbytes: int) -> shm.Node | None:
+def _shm_node(group: Group, nbytes: int, min_bytes: int = SHM_MIN_BYTES) -> shm.Node | None:
     """The node state when this collective should go through shared memory."""
-    if group.topology.num_nodes != 1 or group.size == 1 or nbytes < SHM_MIN_BYTES:
+    if group.topology.num_nodes != 1 or group.size == 1 or nbytes < min_bytes:
         return None
     if group.config.allreduce_algorithm == "mpi":
         return None
@@ -125,7 +129,8 @@ def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequ
                   dtype: str, op: ReduceOp, prescale: float = 1.0,
                   postscale: float = 1.0) -> None:
     """Reduce ``send`` across the group; rank i keeps elements of block i (``counts[i]`` long)."""
-    node = _shm_node(group, send.nbytes)
+    limit = MPI_MAX_BYTES_OVERSUBSCRIBED if group.oversubscribed() else MPI_MAX_BYTES
+    node = _shm_node(group, send.nbytes, limit)
     if node is None:
         mpi.reducescatter(group, send, recv, counts, dtype, op, prescale, postscale)
     else:

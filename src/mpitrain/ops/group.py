@@ -86,6 +86,8 @@ class Group:
         """
         if "oversubscribed" not in self._state:
             from mpi4py import MPI
+            # The machine's cores, not this process's affinity: launchers bind each rank to
+            # a core or two, which says nothing about how crowded the machine is.
             mine = 1 if self.topology.machine_local_size > (os.cpu_count() or 1) else 0
             self._state["oversubscribed"] = self.comm.allreduce(mine, op=MPI.MAX) == 1
         return bool(self._state["oversubscribed"])
