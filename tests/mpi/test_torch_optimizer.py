@@ -262,6 +262,8 @@ def test_bad_arguments_raise(hvd):
     p0 = named[0][1]
     with pytest.raises(ValueError, match="only appear once"):
         hvd.DistributedOptimizer(_sgd(model), named, groups=[[p0], [p0]])
+    with pytest.raises(ValueError, match="not a parameter of the optimizer"):
+        hvd.DistributedOptimizer(_sgd(model), named, groups=[[torch.zeros(2)]])
     opt = hvd.DistributedOptimizer(_sgd(model), named)
     with pytest.raises(ValueError, match="already a DistributedOptimizer"):
         hvd.DistributedOptimizer(opt, named)

@@ -157,7 +157,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 split.append(tuple(ordered[start:stop]))
                 start = stop
         else:
-            split = [tuple(g) for g in groups]
+            known = {id(p) for p in all_params}
+            for i, g in enumerate(groups):
+                if any(id(p) not in known for p in g):
+                    raise ValueError(f"groups[{i}] holds a tensor that is not a parameter of "
+                                     "the optimizer")
+            # Frozen parameters get no hook; leaving them out keeps groups completable.
+            split = [tuple(p for p in g if p.requires_grad) for g in groups]
             listed = {p for g in split for p in g}
             split += [(p,) for p in trainable if p not in listed]
         for group in split:
