@@ -9,7 +9,7 @@ than 1 multiplies in float64 and truncates toward zero after each step, as the r
 
 A reduction over k buffers is k-1 launches of one two-input kernel (``combine``): the first
 reads two storage buffers, the middle ones update a float32 accumulator, the last narrows into
-the output.  Each launch streams its inputs once, so every kernel runs at copy bandwidth, and
+the output.  Each launch streams its inputs once, so its bound is memory bandwidth, and
 two inputs (the local and the received chunk) is the common case, done in one launch.
 
 The kernel bodies are plain Python that numba's CUDA simulator runs unchanged
