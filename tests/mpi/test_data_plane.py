@@ -143,3 +143,50 @@ def test_auto_picks_by_size_and_layout(group):
     multi_node = group.topology.num_nodes > 1
     assert large == ("hierarchical" if multi_node else "shm")
     assert multi_node == (os.environ.get("MPITRAIN_LOCAL_SIZE") is not None)
+
+
+@pytest.fixture(scope="module")
+def staged_group():
+    """A group whose ranks believe they cannot read each other's memory (seccomp, ptrace)."""
+    from mpitrain.ops import cma
+
+    real = cma.probe
+    cma.probe = lambda comm: False
+    try:
+        cfg = config_mod.load()
+        topo, comms = topology.build(WORLD.Dup(), cfg.local_size)
+        g = Group(comms, topo, cfg)
+        g.node()  # probe now, while the probe says no
+    finally:
+        cma.probe = real
+    yield g
+    g.close()
+
+
+def test_without_cross_memory_attach_shm_stages_and_others_fall_back(staged_group):
+    g = staged_group
+    assert SIZE == 1 or not g.node().cma
+    if SIZE > 1:
+        assert collectives.choose_allreduce(g, 64 << 20, "hierarchical") == "ring"
+        assert collectives.choose_allreduce(g, 64 << 20, "shm") == (
+            "shm" if g.topology.num_nodes == 1 else "ring")
+    for algorithm in ("shm", "hierarchical", "auto"):
+        for dtype in ("float32", "bfloat16", "int8", "bool"):
+            for op in OPS:
+                for n in (0, 7, 1009, 300_007):
+                    send = values(RANK, n, dtype, op)
+                    recv = np.empty_like(send)
+                    pre, post = (1.0, 1.0) if dtype == "bool" else (2.0, 0.5)
+                    collectives.allreduce(g, send, recv, dtype, op, pre, post,
+                                          algorithm=algorithm)
+                    want = reference.reduce([values(r, n, dtype, op) for r in range(SIZE)],
+                                            dtype, op, pre, post)
+                    what = f"staged {algorithm} {dtype} {op.name} n={n}"
+                    check(recv, want, dtype, what)
+                    assert same_everywhere(g, recv), what
+    counts = [(1 << 20) + r for r in range(SIZE)]
+    send = np.full(counts[RANK], RANK + 1, dtype=np.uint8)
+    recv = np.zeros(sum(counts), dtype=np.uint8)
+    collectives.allgather(g, send, recv, counts)
+    want = np.concatenate([np.full(c, r + 1, dtype=np.uint8) for r, c in enumerate(counts)])
+    np.testing.assert_array_equal(recv, want)

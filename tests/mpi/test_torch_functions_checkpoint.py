@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 import mpitrain as hvd
 
-MPI_CONFIGS = ("np2", "np4")
+MPI_CONFIGS = ("np1", "np2", "np4")
 SIZE = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
 
@@ -43,11 +43,12 @@ def shared_dir():
 @pytest.mark.parametrize("form", ["state_dict", "module", "parameters", "named_parameters"])
 def test_broadcast_parameters(hvd, form):
     model = _model(seed=RANK)
-    root_values = hvd.broadcast_object([t.clone() for t in model.state_dict().values()], 1)
+    root = SIZE - 1  # not rank 0, where there is another
+    root_values = hvd.broadcast_object([t.clone() for t in model.state_dict().values()], root)
     params = {"state_dict": model.state_dict(), "module": model,
               "parameters": model.parameters(),
               "named_parameters": model.named_parameters()}[form]
-    hvd.broadcast_parameters(params, root_rank=1)
+    hvd.broadcast_parameters(params, root_rank=root)
     checked = model.state_dict().values() if form in ("state_dict", "module") else \
         model.parameters()
     assert _equal_everywhere(checked)
