@@ -1,13 +1,15 @@
 """numba.cuda kernels: elementwise reductions with fused scaling, and fp16/bf16 casts.
 
-The semantics are :mod:`mpitrain.ops.reference`'s, bit for bit: float16/bfloat16/float32
+The semantics are :mod:`mpitrain.ops.reference`'s (bit for bit in integer types and in the
+simulator; on a GPU, NVVM may fuse a multiply and an add into one FMA, so floating results
+agree to rounding): float16/bfloat16/float32
 accumulate in float32 (float64 in float64), ``prescale`` multiplies each input as it is read,
 ``postscale`` the result as it is written; integers reduce in their own width and a scale other
 than 1 multiplies in float64 and truncates toward zero after each step, as the reference does.
 
 A reduction over k buffers is k-1 launches of one two-input kernel (``combine``): the first
 reads two storage buffers, the middle ones update a float32 accumulator, the last narrows into
-the output.  Each launch streams its inputs once, so every kernel runs at copy bandwidth, and
+the output.  Each launch streams its inputs once, so its bound is memory bandwidth, and
 two inputs (the local and the received chunk) is the common case, done in one launch.
 
 The kernel bodies are plain Python that numba's CUDA simulator runs unchanged
