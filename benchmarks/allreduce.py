@@ -16,8 +16,9 @@ Per size and contender it prints the median time after warm-up, algbw = S/t and 
 algbw·2(p-1)/p (nccl-tests), and ``floor`` = (2·p·S/t) / copy bandwidth, the fraction of the
 memory-traffic limit reached (copy bandwidth is measured in the same job: all ranks copying a
 buffer larger than the last-level cache at once, bytes read + written per second).  Then, per
-topology, the measured crossover: the smallest size from which a shared-memory algorithm beats
-MPI's Allreduce (the selection threshold in ``mpitrain.ops.collectives``).
+topology, the measured crossover: the smallest size from which one of mpitrain's algorithms
+beats MPI's Allreduce (the selection threshold in ``mpitrain.ops.collectives``), and the same
+for broadcast and allgather through shared memory against MPI's own (from 16 KiB).
 
     .venv/bin/python benchmarks/allreduce.py                      # 8 B .. 256 MiB, p=2,4,2x2
     .venv/bin/python benchmarks/allreduce.py --quick              # 8 B, 64 KiB, 1 MiB, 64 MiB
@@ -33,6 +34,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -46,10 +48,10 @@ CONFIGS = {"2": (2, {}), "4": (4, {}), "2x2": (4, {"MPITRAIN_LOCAL_SIZE": "2"})}
 
 def _iters(nbytes: int) -> int:
     if nbytes <= 64 * KiB:
-        return 200
+        return 300
     if nbytes <= 4 * MiB:
         return 30
-    return 7 if nbytes <= 64 * MiB else 4
+    return 9 if nbytes <= 64 * MiB else 6
 
 
 def _free_port() -> int:
@@ -58,8 +60,8 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def worker(sizes: list[int], rounds: int, streams: list[int]) -> int:
-    """Runs on every rank; rank 0 prints one JSON line starting with BENCH."""
+def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> int:
+    """Runs on every rank; rank 0 writes the medians as JSON to ``result``."""
     import numpy as np
     import torch
     import torch.distributed as dist
@@ -68,7 +70,7 @@ def worker(sizes: list[int], rounds: int, streams: list[int]) -> int:
     import mpitrain as hvd
     from mpitrain import config as config_mod
     from mpitrain import topology
-    from mpitrain.ops import collectives
+    from mpitrain.ops import collectives, mpi, shm
     from mpitrain.ops.group import Group
     from mpitrain.ops.types import ReduceOp
 
@@ -142,14 +144,32 @@ def worker(sizes: list[int], rounds: int, streams: list[int]) -> int:
 
     for nbytes in sizes:
         measure(nbytes)
+
+    # Broadcast and allgather: MPI's own against shared memory (collectives.SHM_MIN_BYTES).
+    node = group.node()
+    one_node = topo.num_nodes == 1 and size > 1 and node.cma
+    for nbytes in (s for s in sizes if s >= 16 * KiB and one_node):
+        buf = np.full(nbytes, rank, dtype=np.uint8)
+        part = np.full(nbytes // size, rank, dtype=np.uint8)
+        gathered = np.empty(part.nbytes * size, dtype=np.uint8)
+        counts = [part.nbytes] * size
+        others = {
+            "broadcast:mpi": lambda b=buf: mpi.broadcast(group, b, 0),
+            "broadcast:shm": lambda b=buf: shm.broadcast(node, b, 0),
+            "allgather:mpi": lambda p_=part, g=gathered, c=counts: mpi.allgather(group, p_, g, c),
+            "allgather:shm": lambda p_=part, g=gathered, c=counts: shm.allgather(node, p_, g, c),
+        }
+        for _ in range(rounds):
+            for name, fn in others.items():
+                timed(name, nbytes, fn, max(1, _iters(nbytes) // rounds))
     dist.destroy_process_group()
     group.close()
     hvd.shutdown()
     if rank == 0:
         med = {name: {str(s): statistics.median(t) for s, t in per.items()}
                for name, per in results.items()}
-        print("BENCH " + json.dumps({"p": size, "nodes": topo.num_nodes, "copy_Bps": copy_bw,
-                                     "median_s": med}), flush=True)
+        Path(result).write_text(json.dumps({"p": size, "nodes": topo.num_nodes,
+                                            "copy_Bps": copy_bw, "median_s": med}))
     return 0
 
 
@@ -164,16 +184,29 @@ def _fmt_time(t: float) -> str:
     return f"{t * 1e6:.0f} us" if t < 1e-3 else f"{t * 1e3:.2f} ms"
 
 
+def _from_on(wins: list[tuple[int, bool]]) -> int | None:
+    """The smallest size from which the challenger wins at every larger size too."""
+    start = None
+    for size, won in sorted(wins):
+        if not won:
+            start = None
+        elif start is None:
+            start = size
+    return start
+
+
 def report(name: str, data: dict) -> str:
     p, copy_bw = data["p"], data["copy_Bps"]
-    med = data["median_s"]
+    med = {k: v for k, v in data["median_s"].items() if ":" not in k or
+           k.startswith("mpitrain:")}
+    other = {k: v for k, v in data["median_s"].items() if k not in med}
     lines = [f"\n### p={p} ({name}; {data['nodes']} node(s)); copy bandwidth "
              f"{copy_bw / 1e9:.1f} GB/s (read+write, all ranks)",
              "",
              "| size | contender | median | algbw GB/s | busbw GB/s | floor | vs mpi4py |",
              "|---:|---|---:|---:|---:|---:|---:|"]
     sizes = sorted({int(s) for per in med.values() for s in per})
-    crossover = None
+    wins: list[tuple[int, bool]] = []
     for s in sizes:
         mpi_t = med["mpi4py"][str(s)]
         for contender in med:
@@ -185,14 +218,27 @@ def report(name: str, data: dict) -> str:
             floor = 2 * p * s / t / copy_bw
             lines.append(f"| {_fmt_size(s)} | {contender} | {_fmt_time(t)} | {algbw / 1e9:.2f} "
                          f"| {busbw / 1e9:.2f} | {floor:.0%} | {mpi_t / t:.2f}x |")
-        fastest_shm = min(med[c][str(s)] for c in med
+        fastest_own = min(med[c][str(s)] for c in med
                           if c.startswith("mpitrain:") and c != "mpitrain:mpi"
                           and "auto" not in c and str(s) in med[c])
-        if crossover is None and fastest_shm < med["mpitrain:mpi"][str(s)]:
-            crossover = s
+        wins.append((s, fastest_own < med["mpitrain:mpi"][str(s)]))
+    crossover = _from_on(wins)
     lines.append("")
     lines.append(f"measured crossover (p={p}, {name}): mpitrain's own algorithms beat MPI's "
-                 f"Allreduce from {_fmt_size(crossover) if crossover else 'never'} on")
+                 f"Allreduce at every size from {_fmt_size(crossover) if crossover else 'never'}")
+    if other:
+        lines += ["", "| size | broadcast mpi | broadcast shm | allgather mpi | allgather shm |",
+                  "|---:|---:|---:|---:|---:|"]
+        for s in sorted({int(s) for per in other.values() for s in per}):
+            cells = [_fmt_time(other[k][str(s)]) for k in
+                     ("broadcast:mpi", "broadcast:shm", "allgather:mpi", "allgather:shm")]
+            lines.append(f"| {_fmt_size(s)} | " + " | ".join(cells) + " |")
+        for kind in ("broadcast", "allgather"):
+            shm_t, mpi_t = other[f"{kind}:shm"], other[f"{kind}:mpi"]
+            start = _from_on(sorted((int(s), shm_t[s] < mpi_t[s]) for s in shm_t))
+            first = _fmt_size(start) if start else "never"
+            lines.append(f"\nmeasured crossover (p={p}, {name}): {kind} through shared memory "
+                         f"beats MPI's at every size from {first}")
     return "\n".join(lines)
 
 
@@ -202,16 +248,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES}")
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS),
                         help="world sizes / topologies (2x2: 4 ranks as 2 emulated nodes)")
-    parser.add_argument("--rounds", type=int, default=2,
+    parser.add_argument("--rounds", type=int, default=3,
                         help="rounds in which every contender takes its turn")
     parser.add_argument("--streams", type=int, nargs="+", default=[1, 2],
                         help="MPITRAIN_ALLREDUCE_STREAMS values to compare (from 4 MiB)")
     parser.add_argument("--json", help="also write the raw medians here")
+    parser.add_argument("--report", metavar="JSON", help="print the tables of a --json file")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--result", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     sizes = args.sizes or (QUICK_SIZES if args.quick else DEFAULT_SIZES)
+    if args.report:
+        for name, data in json.loads(Path(args.report).read_text()).items():
+            print(report(name, data))
+        return 0
     if args.worker:
-        return worker(sizes, args.rounds, args.streams)
+        return worker(sizes, args.rounds, args.streams, args.result)
     mpirun = Path(sys.executable).with_name("mpirun")
     everything = {}
     print(f"# allreduce float32, Sum; {os.cpu_count()} cores; {time.strftime('%Y-%m-%d %H:%M')}")
@@ -220,16 +272,17 @@ def main(argv: list[str] | None = None) -> int:
         env = dict(os.environ, **extra, OMPI_MCA_mpi_yield_when_idle="1",
                    OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
                    MPITRAIN_SET_CPU_THREADS="1", OMP_NUM_THREADS="1")
-        cmd = [str(mpirun), "--oversubscribe", "-np", str(np_), sys.executable, __file__,
-               "--worker", "--rounds", str(args.rounds), "--sizes", *map(str, sizes),
-               "--streams", *map(str, args.streams)]
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
-        line = next((x for x in proc.stdout.splitlines() if x.startswith("BENCH ")), None)
-        if proc.returncode != 0 or line is None:
-            print(f"config {name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                  f"{proc.stderr[-3000:]}", file=sys.stderr)
-            return 1
-        data = json.loads(line[len("BENCH "):])
+        with tempfile.TemporaryDirectory() as tmp:
+            result = Path(tmp) / "result.json"
+            cmd = [str(mpirun), "--oversubscribe", "-np", str(np_), sys.executable, __file__,
+                   "--worker", "--rounds", str(args.rounds), "--sizes", *map(str, sizes),
+                   "--streams", *map(str, args.streams), "--result", str(result)]
+            proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+            if proc.returncode != 0 or not result.exists():
+                print(f"config {name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
+                      f"{proc.stderr[-3000:]}", file=sys.stderr)
+                return 1
+            data = json.loads(result.read_text())
         everything[name] = data
         print(report(name, data), flush=True)
     if args.json:

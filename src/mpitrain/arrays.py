@@ -10,6 +10,7 @@ object that went in.  The device kind (``cpu``/``cuda``) is part of what ranks n
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -187,7 +188,7 @@ def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
             with cupy.cuda.Device(device_index(x)):
                 out = cupy.empty(shape, dtype=x.dtype)
         return out, storage_view(out)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * _itemsize(x)
+    nbytes = math.prod(shape) * _itemsize(x)
     if nbytes >= RECYCLER.min_bytes:
         # Large outputs come from recycled, huge-page memory: a fresh 64 MiB tensor would
         # spend longer in page faults than the allreduce takes (see mpitrain.memory).

@@ -15,7 +15,7 @@ from mpi4py import MPI
 
 from mpitrain import config as config_mod
 from mpitrain import topology
-from mpitrain.ops import collectives, reference
+from mpitrain.ops import collectives, reference, shm
 from mpitrain.ops.group import Group
 from mpitrain.ops.types import STORAGE, ReduceOp
 
@@ -26,7 +26,8 @@ RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 DTYPES = list(STORAGE)
 OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
 # 0, 1, primes, lengths not divisible by 2, 3 or 4, and one that spans many kernel chunks.
-LENGTHS = [0, 1, 2, 7, 131, 1009, 300_007]
+LENGTHS = [0, 1, 7, 131, 1009, 300_007]
+IN_PLACE_LENGTHS = [0, 7, 1009]  # in place the same code runs with aliased buffers
 ALGORITHMS = ["mpi", "shm", "ring", "hierarchical"]
 
 
@@ -78,7 +79,7 @@ def test_allreduce_matrix(group, algorithm, in_place):
         for op in OPS:
             scales = [(1.0, 1.0)] if dtype == "bool" else [(1.0, 1.0), (0.5, 3.0)]
             for pre, post in scales:
-                for n in LENGTHS:
+                for n in IN_PLACE_LENGTHS if in_place else LENGTHS:
                     if n > 2000 and (op != ReduceOp.SUM or dtype in ("int16", "uint8")):
                         continue  # the long case once per dtype is enough
                     send = values(RANK, n, dtype, op)
@@ -106,31 +107,52 @@ def test_channels_split_large_buckets(group, streams):
         assert same_everywhere(group, recv)
 
 
+def shm_paths(group):
+    """The ways to run broadcast/allgather/reducescatter here: the selected one, and the
+    shared-memory one directly where it applies (auto only takes it for large messages)."""
+    paths = [("selected", None)]
+    if group.topology.num_nodes == 1 and SIZE > 1 and group.node().cma:
+        paths.append(("shm", group.node()))
+    return paths
+
+
 @pytest.mark.parametrize("nbytes", [0, 13, 1 << 20])
-def test_allgather_broadcast_through_shared_memory(group, nbytes):
-    counts = [nbytes + 3 * r for r in range(SIZE)]
-    send = np.full(counts[RANK], RANK + 1, dtype=np.uint8)
-    recv = np.zeros(sum(counts), dtype=np.uint8)
-    collectives.allgather(group, send, recv, counts)
-    want = np.concatenate([np.full(c, r + 1, dtype=np.uint8) for r, c in enumerate(counts)])
-    np.testing.assert_array_equal(recv, want)
-    buf = np.full(nbytes, RANK + 7, dtype=np.uint8)
-    root = SIZE - 1
-    collectives.broadcast(group, buf, root)
-    np.testing.assert_array_equal(buf, np.full(nbytes, root + 7, dtype=np.uint8))
+def test_allgather_broadcast(group, nbytes):
+    for path, node in shm_paths(group):
+        counts = [nbytes + 3 * r for r in range(SIZE)]
+        send = np.full(counts[RANK], RANK + 1, dtype=np.uint8)
+        recv = np.zeros(sum(counts), dtype=np.uint8)
+        if node is None:
+            collectives.allgather(group, send, recv, counts)
+        else:
+            shm.allgather(node, send, recv, counts)
+        want = np.concatenate([np.full(c, r + 1, dtype=np.uint8) for r, c in enumerate(counts)])
+        np.testing.assert_array_equal(recv, want, err_msg=path)
+        for root in range(SIZE):
+            buf = np.full(nbytes, RANK + 7, dtype=np.uint8)
+            if node is None:
+                collectives.broadcast(group, buf, root)
+            else:
+                shm.broadcast(node, buf, root)
+            np.testing.assert_array_equal(buf, np.full(nbytes, root + 7, dtype=np.uint8),
+                                          err_msg=path)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int8"])
 @pytest.mark.parametrize("n", [5, 400_003])
 def test_reducescatter(group, dtype, n):
-    counts = [n // SIZE + (1 if r < n % SIZE else 0) for r in range(SIZE)]
-    send = values(RANK, n, dtype, ReduceOp.SUM)
-    recv = np.empty(counts[RANK], dtype=send.dtype)
-    collectives.reducescatter(group, send, recv, counts, dtype, ReduceOp.SUM, 2.0, 0.5)
-    full = reference.reduce([values(r, n, dtype, ReduceOp.SUM) for r in range(SIZE)], dtype,
-                            ReduceOp.SUM, 2.0, 0.5)
-    lo = sum(counts[:RANK])
-    check(recv, full[lo:lo + counts[RANK]], dtype, f"reducescatter {dtype} n={n}")
+    for path, node in shm_paths(group):
+        counts = [n // SIZE + (1 if r < n % SIZE else 0) for r in range(SIZE)]
+        send = values(RANK, n, dtype, ReduceOp.SUM)
+        recv = np.empty(counts[RANK], dtype=send.dtype)
+        if node is None:
+            collectives.reducescatter(group, send, recv, counts, dtype, ReduceOp.SUM, 2.0, 0.5)
+        else:
+            shm.reducescatter(node, send, recv, counts, dtype, ReduceOp.SUM, 2.0, 0.5)
+        full = reference.reduce([values(r, n, dtype, ReduceOp.SUM) for r in range(SIZE)],
+                                dtype, ReduceOp.SUM, 2.0, 0.5)
+        lo = sum(counts[:RANK])
+        check(recv, full[lo:lo + counts[RANK]], dtype, f"reducescatter {path} {dtype} n={n}")
 
 
 def test_auto_picks_by_size_and_layout(group):
@@ -143,3 +165,50 @@ def test_auto_picks_by_size_and_layout(group):
     multi_node = group.topology.num_nodes > 1
     assert large == ("hierarchical" if multi_node else "shm")
     assert multi_node == (os.environ.get("MPITRAIN_LOCAL_SIZE") is not None)
+
+
+@pytest.fixture(scope="module")
+def staged_group():
+    """A group whose ranks believe they cannot read each other's memory (seccomp, ptrace)."""
+    from mpitrain.ops import cma
+
+    real = cma.probe
+    cma.probe = lambda comm: False
+    try:
+        cfg = config_mod.load()
+        topo, comms = topology.build(WORLD.Dup(), cfg.local_size)
+        g = Group(comms, topo, cfg)
+        g.node()  # probe now, while the probe says no
+    finally:
+        cma.probe = real
+    yield g
+    g.close()
+
+
+def test_without_cross_memory_attach_shm_stages_and_others_fall_back(staged_group):
+    g = staged_group
+    assert SIZE == 1 or not g.node().cma
+    if SIZE > 1:
+        assert collectives.choose_allreduce(g, 64 << 20, "hierarchical") == "ring"
+        assert collectives.choose_allreduce(g, 64 << 20, "shm") == (
+            "shm" if g.topology.num_nodes == 1 else "ring")
+    for algorithm in ("shm", "hierarchical", "auto"):
+        for dtype in ("float32", "bfloat16", "int8", "bool"):
+            for op in OPS:
+                for n in (0, 7, 1009, 300_007):
+                    send = values(RANK, n, dtype, op)
+                    recv = np.empty_like(send)
+                    pre, post = (1.0, 1.0) if dtype == "bool" else (2.0, 0.5)
+                    collectives.allreduce(g, send, recv, dtype, op, pre, post,
+                                          algorithm=algorithm)
+                    want = reference.reduce([values(r, n, dtype, op) for r in range(SIZE)],
+                                            dtype, op, pre, post)
+                    what = f"staged {algorithm} {dtype} {op.name} n={n}"
+                    check(recv, want, dtype, what)
+                    assert same_everywhere(g, recv), what
+    counts = [(1 << 20) + r for r in range(SIZE)]
+    send = np.full(counts[RANK], RANK + 1, dtype=np.uint8)
+    recv = np.zeros(sum(counts), dtype=np.uint8)
+    collectives.allgather(g, send, recv, counts)
+    want = np.concatenate([np.full(c, r + 1, dtype=np.uint8) for r, c in enumerate(counts)])
+    np.testing.assert_array_equal(recv, want)

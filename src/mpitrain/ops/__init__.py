@@ -1,7 +1,10 @@
 """The data plane: collectives over plain numpy buffers and a Group; nothing here knows torch.
 
 The engine calls only the functions exported here.  Algorithm choice lives in
-:mod:`mpitrain.ops.collectives`.
+:mod:`mpitrain.ops.collectives`; one module per algorithm: :mod:`.mpi` (MPI's own),
+:mod:`.shm` (single-copy shared memory within a node, over :mod:`.cma`), :mod:`.ring`,
+:mod:`.hierarchical`; :mod:`.channels` splits large buckets across parallel communicators;
+:mod:`.kernels.cpu` holds the numba reductions.
 """
 
 from .collectives import (

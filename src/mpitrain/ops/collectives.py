@@ -2,18 +2,22 @@
 
 Allreduce (``MPITRAIN_ALLREDUCE_ALGORITHM``, default ``auto``):
 
-* below :data:`MPI_MAX_BYTES`, MPI's own Allreduce (lowest latency for small messages);
-* one node whose ranks can read each other's memory: ``shm``;
+* below :data:`MPI_MAX_BYTES` (:data:`MPI_MAX_BYTES_OVERSUBSCRIBED` where some machine runs
+  more ranks than it has cores), MPI's own Allreduce: it needs one synchronisation where the
+  shared-memory algorithms need three;
+* one node: ``shm`` (staged through a shared window where ranks cannot read each other's
+  memory directly);
 * several nodes: ``hierarchical`` (shared memory inside, a ring per local rank across);
 * otherwise ``ring``.
 
 The crossover sizes are measured by ``benchmarks/allreduce.py`` on the 2-core development
 machine (the table is in the README).  A forced algorithm that cannot run on this layout
 falls back to the nearest one that can (``shm`` across nodes becomes ``hierarchical``;
-``shm``/``hierarchical`` without cross-memory attach become ``ring``).
+``hierarchical`` without cross-memory attach becomes ``ring``).
 
-Allgather, broadcast and reducescatter use shared memory on one node from
-:data:`SHM_MIN_BYTES`, MPI otherwise.  Every rank computes the same choice from the same
+Broadcast and allgather use shared memory on one node from :data:`SHM_MIN_BYTES`;
+reducescatter from the allreduce crossover (its shared-memory path is the first half of the
+shm allreduce); MPI otherwise.  Every rank computes the same choice from the same
 inputs (size, agreed topology, configuration), so the collectives always match.
 """
 
@@ -29,9 +33,18 @@ from .mpi import allgather_int, alltoall, alltoall_int, barrier
 from .types import ReduceOp
 
 # Measured crossovers (benchmarks/allreduce.py, see README): MPI's Allreduce wins below.
-MPI_MAX_BYTES = 64 << 10
-# Allgather/broadcast/reducescatter through shared memory from this many bytes in total.
-SHM_MIN_BYTES = 256 << 10
+# p=2 on 2 cores: shm is level with MPI at 256 KiB and 1.4x faster at 1 MiB.  p=4 on 2 cores
+# and the emulated 2x2: every synchronisation waits for a descheduled rank, and MPI stays
+# ahead up to 1 MiB; shm/hierarchical lead from 4 MiB.  Across network namespaces joined by
+# a 10 Gbit/s-shaped link (benchmarks/netns_allreduce.py, 2 hosts x 2 ranks) MPI led at
+# 256 KiB and hierarchical was level or ahead from 1 MiB.
+MPI_MAX_BYTES = 1 << 20
+MPI_MAX_BYTES_OVERSUBSCRIBED = 4 << 20
+# Broadcast and allgather through shared memory from this many bytes in total.  Measured:
+# Open MPI's shared-memory transport already copies large messages once (CMA), so ours only
+# pulls ahead at the largest sizes (p=2: broadcast at 256 MiB, allgather from 4 MiB; p=4:
+# broadcast from 16 MiB, allgather at 256 MiB, both within noise below).
+SHM_MIN_BYTES = 128 << 20
 
 __all__ = [
     "allgather",
@@ -49,20 +62,24 @@ __all__ = [
 def choose_allreduce(group: Group, nbytes: int, algorithm: str | None = None) -> str:
     """The allreduce algorithm for ``nbytes`` in ``group`` (same answer on every rank).
 
-    Collective the first time a shared-memory algorithm is considered (see ``Group.node``).
+    Collective the first time it runs in a group (see ``Group.oversubscribed`` and
+    ``Group.node``): every rank calls it for the same collective.
     """
     algo = algorithm or group.config.allreduce_algorithm
     topo = group.topology
     if topo.size == 1:
         return "ring" if algo != "mpi" else "mpi"  # ring of one: a fused local scaling
     if algo == "auto":
-        if nbytes < MPI_MAX_BYTES:
+        limit = MPI_MAX_BYTES_OVERSUBSCRIBED if group.oversubscribed() else MPI_MAX_BYTES
+        if nbytes < limit:
             return "mpi"
         algo = "shm" if topo.num_nodes == 1 else "hierarchical"
     if algo == "shm" and topo.num_nodes > 1:
         algo = "hierarchical"
-    if algo in ("shm", "hierarchical") and group.node() is None:
-        algo = "ring"
+    if algo == "hierarchical" and not group.node().cma:
+        algo = "ring"  # without cross-memory attach the node phases would need staging
+    elif algo == "shm":
+        group.node()  # agreed once, collectively; shm then stages if it must
     return algo
 
 
@@ -98,21 +115,22 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
                                                                postscale))
 
 
-def _shm_node(group: Group, nbytes: int) -> shm.Node | None:
+def _shm_node(group: Group, nbytes: int, min_bytes: int = SHM_MIN_BYTES) -> shm.Node | None:
     """The node state when this collective should go through shared memory."""
-    if group.topology.num_nodes != 1 or group.size == 1 or nbytes < SHM_MIN_BYTES:
+    if group.topology.num_nodes != 1 or group.size == 1 or nbytes < min_bytes:
         return None
     if group.config.allreduce_algorithm == "mpi":
         return None
-    node: shm.Node | None = group.node()
-    return node
+    node: shm.Node = group.node()
+    return node if node.cma else None
 
 
 def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                   dtype: str, op: ReduceOp, prescale: float = 1.0,
                   postscale: float = 1.0) -> None:
     """Reduce ``send`` across the group; rank i keeps elements of block i (``counts[i]`` long)."""
-    node = _shm_node(group, send.nbytes)
+    limit = MPI_MAX_BYTES_OVERSUBSCRIBED if group.oversubscribed() else MPI_MAX_BYTES
+    node = _shm_node(group, send.nbytes, limit)
     if node is None:
         mpi.reducescatter(group, send, recv, counts, dtype, op, prescale, postscale)
     else:

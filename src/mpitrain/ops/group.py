@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,11 +62,11 @@ class Group:
 
     # ----------------------------------------------------------- algorithm state (lazy)
     def node(self) -> Any:
-        """This node's shared-memory state, or None where peers cannot read each other.
+        """This node's shared-memory state (:class:`mpitrain.ops.shm.Node`).
 
         Collective over the group the first time (every rank calls it at the same
-        collective): the answer is agreed across all nodes so every rank picks the same
-        algorithm.
+        collective).  ``node().cma`` (peers read each other's memory directly) is agreed
+        across all nodes so every rank picks the same algorithm.
         """
         if "node" not in self._state:
             from mpi4py import MPI
@@ -74,9 +75,22 @@ class Group:
             # One node: use the group's own communicator so node ranks are group ranks.
             one_node = self.topology.num_nodes == 1
             node = Node(self.comms.world if one_node else self.comms.local)
-            ok = self.comm.allreduce(1 if node.usable else 0, op=MPI.MIN) == 1
-            self._state["node"] = node if ok else None
+            node.cma = self.comm.allreduce(1 if node.probed else 0, op=MPI.MIN) == 1
+            self._state["node"] = node
         return self._state["node"]
+
+    def oversubscribed(self) -> bool:
+        """True when some machine of the group runs more ranks than it has cores.
+
+        Collective over the group the first time (the answer must be the same everywhere).
+        """
+        if "oversubscribed" not in self._state:
+            from mpi4py import MPI
+            # The machine's cores, not this process's affinity: launchers bind each rank to
+            # a core or two, which says nothing about how crowded the machine is.
+            mine = 1 if self.topology.machine_local_size > (os.cpu_count() or 1) else 0
+            self._state["oversubscribed"] = self.comm.allreduce(mine, op=MPI.MAX) == 1
+        return bool(self._state["oversubscribed"])
 
     def workspace(self, key: str = "ring") -> Any:
         """Reusable scratch of the ring algorithm for one of this group's communicators."""
@@ -120,6 +134,9 @@ class Group:
             pool.shutdown()
         for chan in self._state.pop("channels", [])[1:]:
             chan.close()
+        node = self._state.get("node")
+        if node is not None:
+            node.close()
         self._state.clear()
         self._buffers.clear()
         self.comms.free()
