@@ -39,6 +39,10 @@ setup(
         "numpy>=1.24",
         "numba>=0.59",
         "torch>=2.1",
+        # The README's first command runs examples/pytorch/train_digits.py right after a plain
+        # install: its dataset ships in scikit-learn, its progress bar is tqdm.
+        "scikit-learn>=1.3",
+        "tqdm>=4.60",
     ],
     extras_require={
         # An MPI library from PyPI, for machines without a system MPI.  A cluster with its

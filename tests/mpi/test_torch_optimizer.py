@@ -16,7 +16,7 @@ from mpi4py import MPI
 import mpitrain as hvd
 from mpitrain.torch.optimizer import OptimizerUsageError
 
-MPI_CONFIGS = ("np2", "np4")
+MPI_CONFIGS = ("np1", "np2", "np4")
 SIZE = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
 PER_RANK = 3
@@ -213,22 +213,25 @@ def test_synchronize_then_clip_then_step_in_skip_synchronize(hvd):
             opt.step()
 
 
+@pytest.mark.world_sizes(2, 4)
 def test_shared_buckets_reduce_without_copies(hvd):
     """One group: its gradients lie back to back in one bucket, so the grouped request is
-    reduced where it lies, every step, and gradients stay bucket views across zero_grad()."""
+    reduced where it lies, every step; zero_grad() keeps torch's meaning."""
     model = _model()
     opt = hvd.DistributedOptimizer(_sgd(model), model.named_parameters(), groups=1)
     engine = hvd.runtime.state().engine
+    views = {id(p): v for p, v in opt._views.items()}
     for step in range(3):
         x, y = _batch(step, 0)
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=step != 1)
+        if step != 1:
+            assert all(p.grad is None for p in model.parameters())
         before = engine.stats()["zero_copy_buckets"]
         torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)).backward()
         opt.step()
+        assert all(p.grad.data_ptr() == views[id(p)].data_ptr() for p in model.parameters())
         assert engine.stats()["zero_copy_buckets"] == before + 1
-    views = {id(p): v for p, v in opt._views.items()}
-    assert all(p.grad.data_ptr() == views[id(p)].data_ptr() for p in model.parameters())
-    opt.zero_grad()
+    opt.zero_grad(set_to_none=False)
     assert all(float(p.grad.abs().sum()) == 0.0 for p in model.parameters())
     assert all(p.grad.data_ptr() == views[id(p)].data_ptr() for p in model.parameters())
 
@@ -259,6 +262,8 @@ def test_bad_arguments_raise(hvd):
     p0 = named[0][1]
     with pytest.raises(ValueError, match="only appear once"):
         hvd.DistributedOptimizer(_sgd(model), named, groups=[[p0], [p0]])
+    with pytest.raises(ValueError, match="not a parameter of the optimizer"):
+        hvd.DistributedOptimizer(_sgd(model), named, groups=[[torch.zeros(2)]])
     opt = hvd.DistributedOptimizer(_sgd(model), named)
     with pytest.raises(ValueError, match="already a DistributedOptimizer"):
         hvd.DistributedOptimizer(opt, named)
@@ -302,3 +307,24 @@ def test_step_after_synchronize_without_skip_warns(hvd):
     opt.synchronize()
     with pytest.warns(UserWarning, match="skip_synchronize"):
         opt.step()
+
+
+def test_is_the_wrapped_class_with_its_hooks_and_schedulers(hvd):
+    model = _model()
+    opt = hvd.DistributedOptimizer(torch.optim.Adam(model.parameters(), lr=0.1),
+                                   model.named_parameters())
+    assert isinstance(opt, torch.optim.Adam) and type(opt).__name__ == "Adam"
+    calls = []
+    opt.register_step_pre_hook(lambda *_: calls.append("pre"))
+    opt.register_step_post_hook(lambda *_: calls.append("post"))
+    scheduler = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    x, y = _batch(0, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. "scheduler.step() before optimizer.step()"
+        for _ in range(2):
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(_mine(x)), _mine(y)).backward()
+            opt.step()
+            scheduler.step()
+    assert calls == ["pre", "post"] * 2  # once per step, not once per class layer
+    assert opt.param_groups[0]["lr"] == 0.025

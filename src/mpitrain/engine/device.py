@@ -76,11 +76,14 @@ class DeviceLayer:
         self.group = group
         self._device_group: Any = None
 
-    def _dg(self) -> Any:
+    def _dg(self, arrays: Sequence[Any]) -> Any:
         if self._device_group is None:
             from ..ops.cuda.allreduce import DeviceGroup
             aware = cuda_awareness(self.group.config.cuda_aware_mpi)
-            self._device_group = DeviceGroup(self.group, aware.supported)
+            # The GPU of this rank's tensors (a joined rank, with none, keeps the current one).
+            device = next((int(a.device.id) for a in arrays
+                           if hasattr(a, "__cuda_array_interface__")), None)
+            self._device_group = DeviceGroup(self.group, aware.supported, device=device)
         return self._device_group
 
     def allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any],
@@ -98,8 +101,10 @@ class DeviceLayer:
         if not streams:  # a joined rank: no framework stream of its own to order against
             from ..ops.cuda import require
             streams = [require("a collective on CUDA tensors").cuda.get_current_stream()]
-        self._dg().allreduce([to_device(x) for x in inputs], [to_device(x) for x in outputs],
-                             dtype, op, prescale, postscale, ready, streams)
+        dg = self._dg(inputs)
+        with dg.on_device():  # a joined rank's zeros are uploaded to this rank's GPU
+            dg.allreduce([to_device(x) for x in inputs], [to_device(x) for x in outputs],
+                         dtype, op, prescale, postscale, ready, streams)
 
     @contextlib.contextmanager
     def staged(self, entries: Sequence[Any]) -> Iterator[None]:
@@ -128,11 +133,11 @@ class DeviceLayer:
         for e, device_out, device_alloc, shapes in saved:
             host_out = e.output
             if device_out is not None:
-                to_device(device_out)[...] = to_device(host_out)
+                to_device(device_out).set(host_out)  # copies onto the array's own GPU
                 e.output = device_out
             elif device_alloc is not None and shapes:
                 out = device_alloc(shapes[-1])
-                to_device(out)[...] = to_device(host_out)
+                to_device(out).set(host_out)
                 e.output = out
             e.allocate = device_alloc
 

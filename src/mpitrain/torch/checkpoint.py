@@ -14,7 +14,10 @@ random states back, so a resumed run continues bit for bit as if it had never st
 The model is rank 0's: buffers that ranks keep for themselves (BatchNorm running statistics
 without SyncBatchNorm) come back as rank 0's on every rank.  A DataLoader draws from torch's
 global generator whenever an iteration starts; give it ``generator=torch.Generator()`` so that
-resuming mid-epoch (one extra start) does not shift the random stream.
+resuming mid-epoch (one extra start) does not shift the random stream.  With more than two
+ranks, floating-point sums depend on which gradients the engine fused together, which depends
+on timing: for bitwise-reproducible runs fix the fusion with ``DistributedOptimizer(...,
+groups=1)`` (two ranks are exact either way).
 
 Files are written with ``torch.save`` and read with ``weights_only=False`` (they hold numpy
 random states): load only checkpoints you wrote.

@@ -9,15 +9,18 @@ in-place allreduce (a group's gradients together, with ``groups``); the engine n
 fuses them while the rest of backward runs.  ``step()`` (or ``synchronize()``) submits what is
 still missing, waits, and steps.  Names make the matching: a parameter that got no gradient on
 some rank is submitted there as zeros at ``synchronize()`` and meets the others' requests, so
-no rank hangs.
+no rank hangs.  (As in Horovod, that zero stand-in is dense: a parameter whose gradient is
+sparse on other ranks must get a gradient on every rank, or use ``sparse_as_dense``.)
 
-Gradient buckets: on CPU, every dense gradient lives in a flat bucket allocated where the data
-plane reduces fastest (``Group.shared_empty``: shared memory among a node's ranks), as a view
-shaped like its parameter.  Backward accumulates straight into the view, and the engine, seeing
-in-place requests lying back to back in one buffer, reduces the span where it is: the
-optimizer path makes no copy.  ``zero_grad()`` therefore zeroes the buckets in place and keeps
-``p.grad`` (Horovod would make zeros of a missing gradient at the next step anyway); pass
-``shared_buckets=False`` for plain per-parameter gradients and torch's ``set_to_none``.
+Gradient buckets: on CPU, every dense gradient gets a view, shaped like its parameter, in a
+flat bucket allocated where the data plane reduces fastest (``Group.shared_empty``: shared
+memory among a node's ranks).  The hook moves a gradient autograd has just created into its
+view (one copy, where the fusion path would pack into a fusion buffer and unpack after) and
+makes ``p.grad`` that view; further backward passes accumulate into it in place.  The engine,
+seeing in-place requests lying back to back in one buffer, reduces the span where it lies and
+the results need no copying back.  ``zero_grad()`` keeps torch's meaning (``set_to_none=False``
+zeroes the views in place).  ``shared_buckets=False`` reduces each ``p.grad`` where autograd put
+it (packed into the fusion buffer and unpacked by the engine).
 """
 
 from __future__ import annotations
@@ -154,7 +157,13 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 split.append(tuple(ordered[start:stop]))
                 start = stop
         else:
-            split = [tuple(g) for g in groups]
+            known = {id(p) for p in all_params}
+            for i, g in enumerate(groups):
+                if any(id(p) not in known for p in g):
+                    raise ValueError(f"groups[{i}] holds a tensor that is not a parameter of "
+                                     "the optimizer")
+            # Frozen parameters get no hook; leaving them out keeps groups completable.
+            split = [tuple(p for p in g if p.requires_grad) for g in groups]
             listed = {p for g in split for p in g}
             split += [(p,) for p in trainable if p not in listed]
         for group in split:
@@ -330,11 +339,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self._synchronized = False
         return super().step(closure)
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset the gradients; an error while reductions are pending.
+    # The wrapped class's step already runs torch's step hooks and profiling; marking ours as
+    # hooked keeps Optimizer.__init__ from wrapping it a second time (hooks would run twice).
+    step.hooked = True  # type: ignore[attr-defined]
 
-        Bucketed gradients are zeroed in place and stay views of their bucket (so the next
-        backward accumulates there again without a copy), whatever ``set_to_none`` says.
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients, as torch does; an error while reductions are pending.
 
         Raises:
             OptimizerUsageError: called after ``backward()`` but before ``step()`` or
@@ -345,27 +355,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
                 "cause a race condition.")
-        if not self._views:
-            super().zero_grad(set_to_none)
-            return
-        for b in self._buckets:
-            b.flat.zero_()
-        for group in self.param_groups:
-            for p in group["params"]:
-                grad = p.grad
-                if grad is None:
-                    continue
-                view = self._views.get(p)
-                if view is not None and _lives_in(grad, view):
-                    continue
-                if set_to_none:
-                    p.grad = None
-                else:
-                    if grad.grad_fn is not None:
-                        grad.detach_()
-                    else:
-                        grad.requires_grad_(False)
-                    grad.zero_()
+        super().zero_grad(set_to_none)
 
     def set_backward_passes_per_step(self, passes: int) -> None:
         """Accumulate ``passes`` backward passes locally before each reduction."""

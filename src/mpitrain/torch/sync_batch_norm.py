@@ -52,16 +52,23 @@ def _per_channel(v: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
 
 def _allreduce_sum(buf: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
-    """Sum ``buf`` over the set in place; device tensors are staged through the host.
+    """Sum ``buf`` over the set in place.
 
-    The statistics are a few kilobytes; until the GPU data plane takes device tensors directly
-    one copy each way is what the exchange costs on CUDA.
+    CUDA statistics go to the GPU data plane as they are when it can run (cupy and a GPU);
+    otherwise, as for other devices, one host copy each way (they are a few kilobytes).
     """
-    host = buf if buf.device.type == "cpu" else buf.cpu()
+    host = buf if _on_data_plane(buf) else buf.cpu()
     collectives.allreduce_(host, op=collectives.Sum, process_set=process_set)
     if host is not buf:
         buf.copy_(host)
     return buf
+
+
+def _on_data_plane(buf: torch.Tensor) -> bool:
+    if buf.device.type == "cpu":
+        return True
+    from ..ops import cuda
+    return buf.device.type == "cuda" and cuda.available()
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):

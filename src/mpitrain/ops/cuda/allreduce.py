@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -29,7 +29,7 @@ from .. import mpi as mpi_ops
 from ..collectives import allreduce as host_allreduce
 from ..group import Group
 from ..types import STORAGE, ReduceOp
-from . import ipc, kernels, transport
+from . import ipc, kernels, streams, transport
 from .pack import Packer
 from .runtime import require
 from .streams import Channel, Channels, CupyStreams
@@ -60,13 +60,21 @@ class _Ops:
 class DeviceGroup:
     """The GPU data plane of one process set on this rank."""
 
-    def __init__(self, group: Group, cuda_aware: bool) -> None:
+    def __init__(self, group: Group, cuda_aware: bool,
+                 force: transport.Transport | None = None, device: int | None = None) -> None:
+        """Args:
+            cuda_aware: whether MPI takes device pointers (detected at init).
+            force: one transport for the whole allreduce instead of the topology's choice
+                (benchmarks compare host staging with the chosen path this way).
+            device: the GPU this rank drives (default: the calling thread's current one).
+        """
         self.cupy = require("allreduce of CUDA tensors")
         import cupyx
         from numba import cuda as numba_cuda
 
         self.cupyx = cupyx
         self.numba_cuda = numba_cuda
+        self.device = int(self.cupy.cuda.runtime.getDevice()) if device is None else device
         self.group = group
         self.backend = CupyStreams(self.cupy)
         topo = group.topology
@@ -77,9 +85,13 @@ class DeviceGroup:
         ipc_usable = topo.local_size > 1 and topo.is_homogeneous
         self.phases = transport.choose(cuda_aware, topo.local_size, topo.num_nodes, ipc_usable,
                                        group.config.allreduce_algorithm)
+        if force is not None:
+            self.phases = [("allreduce", force)]
         self.uses_ipc = self.phases[0][1] == transport.Transport.CUDA_IPC
-        self.cross = (self.phases[1][1] if len(self.phases) == 3 else None)
-        self.across = self.phases[0][1]
+        # How data crosses MPI: the cross-node phase of the hierarchical allreduce, or the
+        # whole allreduce (staging/CUDA-aware); None when IPC alone does the job.
+        self.cross = self.phases[1][1] if len(self.phases) == 3 else None
+        self.across = self.cross if self.cross is not None else self.phases[0][1]
         self.window = (ipc.Window(ipc.CupyIpc(self.cupy), self.local_comms[0])
                        if self.uses_ipc else None)
         self._fusion: Any = None
@@ -87,6 +99,17 @@ class DeviceGroup:
         self._scratch: dict[tuple[int, str], Any] = {}
         self._pinned: dict[int, list[Any]] = {}
         self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def on_device(self) -> Iterator[None]:
+        """Make this rank's GPU current for cupy and numba on the calling thread (the engine's
+        and the channels' threads start on device 0 otherwise)."""
+        with self.cupy.cuda.Device(self.device):
+            if kernels.simulated():
+                yield
+            else:
+                with self.numba_cuda.gpus[self.device]:
+                    yield
 
     # ---------------------------------------------------------------------- buffers
     def _fusion_buffer(self, nbytes: int) -> Any:
@@ -116,14 +139,23 @@ class DeviceGroup:
 
     # ------------------------------------------------------------------ device work
     def _numba(self, array: Any) -> Any:
+        if kernels.simulated():
+            # numba's CUDA simulator (CPU tests over a fake device, whose "device" memory is
+            # host memory) takes host arrays and has no from_cuda_array_interface.
+            return np.asarray(array)
         return self.numba_cuda.from_cuda_array_interface(array.__cuda_array_interface__,
                                                          owner=array, sync=False)
+
+    def _numba_stream(self, stream: Any) -> Any:
+        if kernels.simulated():
+            return 0
+        return self.numba_cuda.external_stream(stream.ptr)
 
     def reduce(self, channel: Channel, inputs: list[Any], out: Any, dtype: str, op: ReduceOp,
                prescale: float, postscale: float) -> None:
         kind = "uint8" if dtype == "bool" else dtype
         scratch = self._scratch_for(channel, kernels.accumulator_dtype(kind), int(out.size))
-        stream = self.numba_cuda.external_stream(channel.stream.ptr)
+        stream = self._numba_stream(channel.stream)
         kernels.reduce_buffers([self._numba(x) for x in inputs], self._numba(out), dtype, op,
                                prescale, postscale, self._numba(scratch), stream)
 
@@ -159,7 +191,9 @@ class DeviceGroup:
 
         def reduce_host(host: np.ndarray) -> None:
             if host_group is self.group:
-                host_allreduce(self.group, host, host, dtype, op, prescale, postscale)
+                # streams=1: the device channels already run in parallel; no nested split.
+                host_allreduce(self.group, host, host, dtype, op, prescale, postscale,
+                               streams=1)
             else:
                 mpi_ops.allreduce(host_group, host, host, dtype, op, prescale, postscale)
 
@@ -180,7 +214,7 @@ class DeviceGroup:
         # accumulation as everywhere else), narrowing with the postscale fused in.
         work = self._scratch_for(channel, np.dtype(np.float32), int(buf.size)) if wide else buf
         if wide:
-            kernels_stream = self.numba_cuda.external_stream(channel.stream.ptr)
+            kernels_stream = self._numba_stream(channel.stream)
             kernels.cast(self._numba(buf), self._numba(work), dtype, "float32", prescale,
                          kernels_stream)
         elif prescale != 1.0:
@@ -188,7 +222,7 @@ class DeviceGroup:
         channel.stream.synchronize()  # MPI reads device memory outside any stream
         comm.Allreduce(MPI.IN_PLACE, work, op=mpi_op)
         if wide:
-            kernels_stream = self.numba_cuda.external_stream(channel.stream.ptr)
+            kernels_stream = self._numba_stream(channel.stream)
             kernels.cast(self._numba(work), self._numba(buf), "float32", dtype, postscale,
                          kernels_stream)
         elif postscale != 1.0:
@@ -208,6 +242,13 @@ class DeviceGroup:
         count = sum(int(x.size) for x in inputs)
         if count == 0:
             return
+        with self.on_device():
+            self._allreduce(inputs, outputs, storage, count, dtype, op, prescale, postscale,
+                            ready, framework_streams)
+
+    def _allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any], storage: np.dtype,
+                   count: int, dtype: str, op: ReduceOp, prescale: float, postscale: float,
+                   ready: Sequence[Any], framework_streams: Sequence[Any]) -> None:
         pack_channel = self.channels.channels[0]
         pack_stream = pack_channel.stream
         for event in ready:
@@ -224,9 +265,10 @@ class DeviceGroup:
         align = max(1, 256 // storage.itemsize)
 
         def work(channel: Channel, start: int, stop: int) -> None:
-            self._slice(channel, fused, dtype, op, prescale, postscale, start, stop, align)
+            with self.on_device():
+                self._slice(channel, fused, dtype, op, prescale, postscale, start, stop, align)
 
-        min_chunk = max(1, (1 << 20) // storage.itemsize)
+        min_chunk = max(1, streams.MIN_CHUNK_BYTES // storage.itemsize)
         self.channels.run(pack_stream, packed, count, work, align, min_chunk,
                           join=[pack_stream])
         if not in_place_single:
@@ -268,12 +310,12 @@ class DeviceGroup:
 
     def close(self) -> None:
         """Release everything; not collective (safe at shutdown with a dead peer)."""
+        if self.window is not None:  # before its communicator is freed below
+            self.window.close(collective=False)
         self.channels.close()
         for comm in (*self.local_comms, *self.cross_comms):
             with contextlib.suppress(Exception):  # best effort at teardown
                 comm.Free()
-        if self.window is not None:
-            self.window.close(collective=False)
         self._packers.clear()
         self._scratch.clear()
         self._pinned.clear()

@@ -31,6 +31,8 @@ import numpy as np
 
 from ..types import STORAGE, ReduceOp
 
+MIN_WINDOW_BYTES = 1 << 20  # the first window; later ones at least double
+
 
 class IpcRuntime(Protocol):
     """Device memory that other processes can open (cupy's runtime on a GPU)."""
@@ -104,7 +106,7 @@ class Window:
         """
         if nbytes <= self.capacity:
             return
-        capacity = max(nbytes, 2 * self.capacity, 1 << 20)
+        capacity = max(nbytes, 2 * self.capacity, MIN_WINDOW_BYTES)
         self._release(barrier=self.own is not None)
         self.own = self.runtime.allocate(capacity)
         mine = (self.runtime.handle(self.own), capacity, nbytes)

@@ -1,13 +1,15 @@
 """numba.cuda kernels: elementwise reductions with fused scaling, and fp16/bf16 casts.
 
-The semantics are :mod:`mpitrain.ops.reference`'s, bit for bit: float16/bfloat16/float32
+The semantics are :mod:`mpitrain.ops.reference`'s (bit for bit in integer types and in the
+simulator; on a GPU, NVVM may fuse a multiply and an add into one FMA, so floating results
+agree to rounding): float16/bfloat16/float32
 accumulate in float32 (float64 in float64), ``prescale`` multiplies each input as it is read,
 ``postscale`` the result as it is written; integers reduce in their own width and a scale other
 than 1 multiplies in float64 and truncates toward zero after each step, as the reference does.
 
 A reduction over k buffers is k-1 launches of one two-input kernel (``combine``): the first
 reads two storage buffers, the middle ones update a float32 accumulator, the last narrows into
-the output.  Each launch streams its inputs once, so every kernel runs at copy bandwidth, and
+the output.  Each launch streams its inputs once, so its bound is memory bandwidth, and
 two inputs (the local and the received chunk) is the common case, done in one launch.
 
 The kernel bodies are plain Python that numba's CUDA simulator runs unchanged
@@ -18,7 +20,9 @@ GPU, a numpy view in the simulator.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import threading
 from typing import Any
 
 import numpy as np
@@ -37,6 +41,9 @@ else:
 
 THREADS = 256
 MAX_BLOCKS = 4096  # grid-stride beyond this: enough blocks to fill any current GPU
+
+# The simulator runs one kernel at a time per process; channels launch from several threads.
+_launching: Any = threading.Lock() if _SIMULATED else contextlib.nullcontext()
 
 
 def _require_numba() -> Any:
@@ -278,7 +285,7 @@ def _as_op(dtype: str, op: ReduceOp) -> ReduceOp:
 
 def reduce_buffers(inputs: list[Any], out: Any, dtype: str, op: ReduceOp, prescale: float,
                    postscale: float, scratch: Any, stream: Any = 0,
-                   threads: int = THREADS, max_blocks: int = MAX_BLOCKS) -> None:
+                   threads: int | None = None, max_blocks: int | None = None) -> None:
     """Reduce equally long device buffers into ``out`` (which may be one of them).
 
     Args:
@@ -292,34 +299,37 @@ def reduce_buffers(inputs: list[Any], out: Any, dtype: str, op: ReduceOp, presca
     if op not in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
         raise ValueError(f"reduce_buffers takes Sum/Min/Max/Product, not {op!r}")
     n = int(out.shape[0])
-    blocks, threads = launch_shape(n, threads, max_blocks)
+    blocks, threads = launch_shape(n, threads or THREADS, max_blocks or MAX_BLOCKS)
     kind = "uint8" if dtype == "bool" else dtype
     op = _as_op(dtype, op)
     if dtype == "bool":
         prescale = postscale = 1.0
     if len(inputs) == 1:
-        scale_kernel(kind, kind)[blocks, threads, stream](inputs[0], out, n, prescale,
-                                                          postscale)
+        with _launching:
+            scale_kernel(kind, kind)[blocks, threads, stream](inputs[0], out, n, prescale,
+                                                              postscale)
         return
     for a, b, kind_a, kind_out, last in reduce_plan(len(inputs), kind):
         first = a >= 0
         src_a = inputs[a] if first else scratch
         dst = out if last else scratch
         kernel = combine_kernel(kind_a, kind, kind_out, op)
-        kernel[blocks, threads, stream](src_a, inputs[b], dst, n,
-                                        prescale if first else 1.0, prescale,
-                                        postscale if last else 1.0)
+        with _launching:
+            kernel[blocks, threads, stream](src_a, inputs[b], dst, n,
+                                            prescale if first else 1.0, prescale,
+                                            postscale if last else 1.0)
 
 
 def cast(src: Any, out: Any, dtype_in: str, dtype_out: str, scale: float = 1.0,
-         stream: Any = 0, threads: int = THREADS, max_blocks: int = MAX_BLOCKS) -> None:
+         stream: Any = 0, threads: int | None = None, max_blocks: int | None = None) -> None:
     """Convert ``src`` to ``out`` (fp16/bf16 compression and back), times ``scale``."""
     for name in (dtype_in, dtype_out):
         if name not in FLOATING:
             raise TypeError(f"cast converts floating types, got {name!r}")
     n = int(src.shape[0])
-    blocks, threads = launch_shape(n, threads, max_blocks)
-    scale_kernel(dtype_in, dtype_out)[blocks, threads, stream](src, out, n, scale, 1.0)
+    blocks, threads = launch_shape(n, threads or THREADS, max_blocks or MAX_BLOCKS)
+    with _launching:
+        scale_kernel(dtype_in, dtype_out)[blocks, threads, stream](src, out, n, scale, 1.0)
 
 
 def simulated() -> bool:

@@ -81,9 +81,10 @@ class Reducer:
         self.buckets = flat_buckets.build(groups, group.shared_empty,
                                           extra_per_param=1 if find_unused_parameters else 0)
         self._where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
-        # Device buckets are reduced through a host mirror until the data plane takes them.
-        self._host = [None if b.flat.device.type == "cpu" else torch.empty_like(b.flat,
-                                                                                 device="cpu")
+        # CUDA buckets go to the GPU data plane as they are when it can run (cupy and a GPU);
+        # otherwise, and for other devices, through a host mirror.
+        self._host = [None if _reduced_in_place(b.flat) else torch.empty_like(b.flat,
+                                                                               device="cpu")
                       for b in self.buckets]
         self._remaining = [len(b.params) for b in self.buckets]
         self._ready: set[int] = set()
@@ -220,3 +221,10 @@ class Reducer:
 
 
 __all__ = ["Reducer", "reachable_parameters"]
+
+
+def _reduced_in_place(flat: torch.Tensor) -> bool:
+    if flat.device.type == "cpu":
+        return True
+    from ....ops import cuda
+    return flat.device.type == "cuda" and cuda.available()

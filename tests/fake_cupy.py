@@ -1,0 +1,276 @@
+"""A fake cupy whose "device" is host memory, to run the GPU data plane end to end on a CPU.
+
+``install()`` puts ``cupy`` and ``cupyx`` modules in ``sys.modules`` before mpitrain looks for
+them.  Device pointers are real host addresses, so MPI reads "device" buffers directly (as a
+CUDA-aware MPI would), ``memcpyAsync`` is ``memmove``, and every enqueued operation runs at
+once (stream ordering is tested separately, on an adversarial fake device).  IPC memory is
+POSIX shared memory: ``ipcGetMemHandle`` gives its name and ``ipcOpenMemHandle`` maps it in
+another process, so ranks really read each other's windows.  ``RawKernel`` runs the pack
+kernel through :func:`mpitrain.ops.cuda.pack.emulate`; numba kernels run in numba's CUDA
+simulator.  Only what mpitrain calls is implemented.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import sys
+import types
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+
+_stream_ids = itertools.count(0x1000)
+_shared: dict[int, shared_memory.SharedMemory] = {}  # address -> segment (own or opened)
+
+
+def _at(address, nbytes):
+    """A uint8 numpy view of raw memory (no owner: the caller keeps the memory alive)."""
+    if nbytes == 0:
+        return np.empty(0, dtype=np.uint8)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(address))
+
+
+def _address_of(shm):
+    holder = ctypes.c_char.from_buffer(shm.buf)
+    address = ctypes.addressof(holder)
+    del holder  # no lasting export, so the segment can be closed later
+    return address
+
+
+class _Data:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _Device:
+    def __init__(self, index=0):
+        self.id = index
+
+    def use(self):
+        return self
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class ndarray:  # noqa: N801 - cupy's name
+    """A "device" array: a numpy array standing for device memory."""
+
+    def __init__(self, shape=None, dtype=np.float32, memptr=None, _array=None):
+        if _array is None:
+            dtype = np.dtype(dtype)
+            count = int(np.prod(shape))
+            _array = _at(memptr.ptr, count * dtype.itemsize).view(dtype).reshape(shape)
+            self._owner = memptr
+        self.a = _array
+
+    # array protocol
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.a.shape, "typestr": self.a.dtype.str, "strides": None,
+                "data": (self.a.ctypes.data, False), "version": 3}
+
+    def __array__(self, dtype=None, copy=None):
+        return self.a if dtype is None else self.a.astype(dtype)
+
+    data = property(lambda self: _Data(self.a.ctypes.data))
+    shape = property(lambda self: self.a.shape)
+    size = property(lambda self: self.a.size)
+    nbytes = property(lambda self: self.a.nbytes)
+    dtype = property(lambda self: self.a.dtype)
+    ndim = property(lambda self: self.a.ndim)
+    flags = property(lambda self: self.a.flags)
+    device = property(lambda self: _Device(0))
+
+    def __len__(self):
+        return len(self.a)
+
+    def __getitem__(self, key):
+        out = self.a[key]
+        return ndarray(_array=out) if isinstance(out, np.ndarray) else out
+
+    def __setitem__(self, key, value):
+        self.a[key] = np.asarray(value)
+
+    def view(self, dtype):
+        return ndarray(_array=self.a.view(dtype))
+
+    def reshape(self, *shape):
+        return ndarray(_array=self.a.reshape(*shape))
+
+    def copy(self):
+        return ndarray(_array=self.a.copy())
+
+    def get(self, stream=None, out=None):
+        if out is None:
+            return self.a.copy()
+        out[...] = self.a
+        return out
+
+    def set(self, array, stream=None):
+        self.a[...] = np.asarray(array)
+
+
+def empty(shape, dtype=np.float32):
+    return ndarray(_array=np.empty(shape, dtype=dtype))
+
+
+def asarray(x):
+    if isinstance(x, ndarray):
+        return x
+    if hasattr(x, "__cuda_array_interface__"):
+        cai = x.__cuda_array_interface__
+        dtype = np.dtype(cai["typestr"])
+        count = int(np.prod(cai["shape"]))
+        return ndarray(_array=_at(cai["data"][0], count * dtype.itemsize).view(dtype)
+                       .reshape(cai["shape"]))
+    return ndarray(_array=np.array(x))
+
+
+def asnumpy(x):
+    return np.array(np.asarray(x))
+
+
+# -------------------------------------------------------------------------- cupy.cuda
+class Stream:
+    null = None  # set below
+
+    def __init__(self, non_blocking=False, ptr=None):
+        self.ptr = next(_stream_ids) if ptr is None else ptr
+
+    def synchronize(self):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+Stream.null = Stream(ptr=0)
+
+
+def ExternalStream(ptr):  # noqa: N802 - cupy's name
+    return Stream(ptr=ptr)
+
+
+class Event:
+    def __init__(self, block=False, disable_timing=False, interprocess=False):
+        self.recorded = False
+
+    def record(self, stream=None):
+        self.recorded = True
+
+    def synchronize(self):
+        assert self.recorded, "waiting for an event that was never recorded"
+
+
+class Memory:
+    """cudaMalloc: POSIX shared memory here, so that another process can open it."""
+
+    def __init__(self, size):
+        self.size = size
+        self.shm = shared_memory.SharedMemory(create=True, size=max(size, 1))
+        self.ptr = _address_of(self.shm)
+        _shared[self.ptr] = self.shm
+
+    def __del__(self):
+        _shared.pop(self.ptr, None)
+        try:
+            self.shm.close()
+            self.shm.unlink()
+        except Exception:  # noqa: BLE001 - interpreter teardown
+            pass
+
+
+class UnownedMemory:
+    def __init__(self, ptr, size, owner):
+        self.ptr, self.size, self.owner = ptr, size, owner
+
+
+class MemoryPointer:
+    def __init__(self, mem, offset):
+        self.mem = mem
+        self.ptr = mem.ptr + offset
+
+
+class _Runtime:
+    memcpyDeviceToDevice = 3
+    cudaIpcMemLazyEnablePeerAccess = 1
+
+    def __init__(self):
+        self.opened = 0
+        self.closed = 0
+
+    def getDeviceCount(self):
+        return 1
+
+    def getDevice(self):
+        return 0
+
+    def memcpyAsync(self, dst, src, nbytes, kind, stream):
+        ctypes.memmove(dst, src, nbytes)
+
+    def ipcGetMemHandle(self, ptr):
+        return _shared[ptr].name.encode().ljust(64, b"\0")
+
+    def ipcOpenMemHandle(self, handle, flags=1):
+        name = bytes(handle).rstrip(b"\0").decode()
+        shm = shared_memory.SharedMemory(name=name)
+        # The exporting process owns (and unlinks) the segment; do not let this process's
+        # resource tracker unlink it too.
+        resource_tracker.unregister(shm._name, "shared_memory")
+        ptr = _address_of(shm)
+        _shared[ptr] = shm
+        self.opened += 1
+        return ptr
+
+    def ipcCloseMemHandle(self, ptr):
+        _shared.pop(ptr).close()
+        self.closed += 1
+
+
+class RawKernel:
+    """The pack kernel, run by the emulator of its loop order."""
+
+    def __init__(self, source, name):
+        assert name.startswith("mpitrain_pack_"), name
+        self.unit = int(name.rsplit("_", 1)[1])
+
+    def __call__(self, grid, block, args):
+        from mpitrain.ops.cuda import pack
+
+        pointers, table, chunks, fused, unpack = args
+        rows = np.asarray(table).reshape(-1, 4)[:int(chunks)].copy()
+        rows[:, 1:] *= self.unit  # to bytes
+        ptrs = np.asarray(pointers)
+        extents = {}
+        for t, src, _dst, n in rows:
+            extents[int(t)] = max(extents.get(int(t), 0), int(src + n))
+        tensors = [_at(int(ptrs[t]), extents.get(t, 0)) for t in range(len(ptrs))]
+        pack.emulate(rows, tensors, np.asarray(fused).view(np.uint8), bool(unpack),
+                     blocks=int(grid[0]))
+
+
+def install():
+    """Register the fakes as ``cupy``/``cupyx``; returns the cupy module."""
+    cuda = types.SimpleNamespace(
+        Stream=Stream, ExternalStream=ExternalStream, Event=Event, Memory=Memory,
+        UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer, runtime=_Runtime(),
+        Device=_Device, get_current_stream=lambda: Stream.null)
+    cupy = types.ModuleType("cupy")
+    cupy.__dict__.update(ndarray=ndarray, empty=empty, asarray=asarray, asnumpy=asnumpy,
+                         RawKernel=RawKernel, cuda=cuda, __version__="fake")
+    cupyx = types.ModuleType("cupyx")
+    cupyx.empty_pinned = lambda shape, dtype=np.float32: np.empty(shape, dtype=dtype)
+    sys.modules["cupy"] = cupy
+    sys.modules["cupyx"] = cupyx
+    return cupy

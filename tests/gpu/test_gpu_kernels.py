@@ -1,0 +1,76 @@
+"""The CUDA kernels compiled for the real device (CI runs the same code in the simulator)."""
+
+import numpy as np
+import pytest
+
+from mpitrain.ops import reference
+from mpitrain.ops.cuda import kernels, pack
+from mpitrain.ops.types import STORAGE, ReduceOp
+
+pytestmark = pytest.mark.world_sizes(1)
+N = 1_000_003
+RTOL = {"float16": 2e-3, "bfloat16": 1e-2, "float32": 1e-6, "float64": 1e-12}
+
+
+def _data(dtype, seed):
+    rng = np.random.default_rng(seed)
+    if dtype == "bfloat16":
+        return reference.f32_to_bf16(rng.standard_normal(N).astype(np.float32))
+    if dtype.startswith("float"):
+        return rng.standard_normal(N).astype(dtype)
+    return rng.integers(-100, 100, N).astype(dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int8", "int32"])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT])
+@pytest.mark.parametrize("count", [1, 2, 3])
+def test_device_reduction_is_the_reference(cupy, dtype, op, count):
+    from numba import cuda
+    hosts = [_data(dtype, s) for s in range(count)]
+    inputs = [cuda.to_device(h) for h in hosts]
+    out = cuda.device_array(N, STORAGE[dtype])
+    scratch = cuda.device_array(N, kernels.accumulator_dtype(dtype))
+    kernels.reduce_buffers(inputs, out, dtype, op, 0.5, 3.0, scratch)
+    cuda.synchronize()
+    want = reference.reduce(hosts, dtype, op, 0.5, 3.0)
+    got = out.copy_to_host()
+    if dtype in RTOL:
+        # NVVM may contract a multiply and an add into one FMA: floats agree to rounding (the
+        # simulator, which has no FMA, checks them bit for bit in CI).
+        np.testing.assert_allclose(reference.widen(got, dtype), reference.widen(want, dtype),
+                                   rtol=RTOL[dtype], atol=RTOL[dtype])
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize(("src", "dst"), [("float32", "float16"), ("float32", "bfloat16"),
+                                          ("bfloat16", "float32")])
+def test_device_casts(cupy, src, dst):
+    from numba import cuda
+    host = _data(src, 9)
+    out = cuda.device_array(N, STORAGE[dst])
+    kernels.cast(cuda.to_device(host), out, src, dst)
+    want = reference.narrow(reference.widen(host, src), dst)
+    np.testing.assert_array_equal(out.copy_to_host(), want)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.int8])
+def test_batched_pack_and_unpack(cupy, dtype):
+    rng = np.random.default_rng(1)
+    sizes = [int(s) for s in rng.integers(1, 50_000, 100)]
+    tensors = [cupy.asarray(rng.integers(0, 100, s).astype(dtype)) for s in sizes]
+    nbytes = [t.nbytes for t in tensors]
+    fused = cupy.empty(sum(nbytes), dtype=np.uint8)
+    packer = pack.Packer([t.data.ptr for t in tensors], nbytes, fused.data.ptr)
+    stream = cupy.cuda.Stream()
+    packer.pack(fused, stream)
+    stream.synchronize()
+    want = cupy.concatenate(tensors)
+    assert bool((fused.view(dtype) == want).all())
+    fused.view(dtype)[...] *= 2
+    packer.unpack(fused, stream)
+    stream.synchronize()
+    for t, w in zip(tensors, cupy.split(want * 2, np.cumsum(sizes)[:-1].tolist())):
+        assert bool((t == w).all())
+    if dtype == np.float32:
+        assert packer.unit >= 4

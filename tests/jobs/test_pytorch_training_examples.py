@@ -1,0 +1,56 @@
+"""train_digits.py at 1, 2 and 4 ranks (briefly), its exact resume, and the synthetic benchmark."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import ROOT, run_job
+
+EXAMPLES = ROOT / "examples" / "pytorch"
+FINAL = re.compile(r"final: test accuracy ([0-9.]+), test loss (\S+), step (\d+)")
+
+
+def _digits(np_: int, checkpoint_dir: Path, *args: str) -> str:
+    argv = [sys.executable, str(EXAMPLES / "train_digits.py"), "--epochs", "3",
+            "--checkpoint-dir", str(checkpoint_dir), *args]
+    result = run_job(np_, argv, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout
+
+
+@pytest.mark.parametrize("np_", [1, 2, 4])
+def test_digits_learns_at_every_world_size(tmp_path, np_):
+    out = _digits(np_, tmp_path)
+    final = FINAL.search(out)
+    assert final, out[-3000:]
+    assert float(final.group(1)) > 0.85, out[-3000:]
+    assert f"{np_} rank(s)" in out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-002.pt", "epoch-003.pt"]
+    if np_ == 2:
+        # Interrupted after epoch 1, resumed: the very same final loss, to the last bit.
+        resumed_dir = tmp_path / "resumed"
+        stopped = _digits(2, resumed_dir, "--stop-after-epoch", "1")
+        assert "stopped after epoch 1" in stopped and not FINAL.search(stopped)
+        resumed = _digits(2, resumed_dir, "--resume")
+        assert "at epoch 1" in resumed
+        assert FINAL.search(resumed).groups() == final.groups()
+
+
+def test_synthetic_benchmark_compares_frameworks_in_one_run():
+    argv = [sys.executable, str(EXAMPLES / "pytorch_synthetic_benchmark.py"), "--model", "cnn",
+            "--batch-size", "8", "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
+            "--num-iters", "2", "--frameworks", "mpitrain,mpitrain-copy,ddp-gloo"]
+    result = run_job(2, argv, timeout=240)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    rows = re.findall(r"^\| (\S+) \| (\d) \| ([0-9.]+) \| ([0-9.]+) \| (\S+) \|$",
+                      result.stdout, re.M)
+    assert {(r[0], r[1]) for r in rows} == {(f, n) for f in ("mpitrain", "mpitrain-copy",
+                                                             "ddp-gloo") for n in "12"}
+    for _framework, ranks, per_rank, total, efficiency in rows:
+        assert float(per_rank) > 0
+        assert float(total) == pytest.approx(float(per_rank) * int(ranks), rel=1e-3, abs=0.2)
+        assert efficiency == "100%" if ranks == "1" else re.fullmatch(r"\d+%", efficiency)

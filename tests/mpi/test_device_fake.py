@@ -1,0 +1,154 @@
+"""The GPU data plane end to end on the CPU: a fake cupy whose device memory is host (and, for
+CUDA IPC, POSIX shared) memory, numba's CUDA simulator for the kernels, and the real engine,
+negotiation, DeviceGroup, IPC windows, channels, staging and CUDA-aware paths under mpirun.
+
+What this cannot show (stream concurrency, real copies, speed) is for tests/gpu on a GPU.
+"""
+
+import dataclasses
+import os
+import sys
+
+import numba
+import numpy as np
+import pytest
+from mpi4py import MPI
+
+os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+assert "numba.cuda" not in sys.modules, "numba.cuda was imported before the simulator was set"
+numba.config.reload_config()
+
+import fake_cupy  # noqa: E402
+
+cupy = fake_cupy.install()
+
+from mpitrain.ops import reference  # noqa: E402
+from mpitrain.ops.cuda import ipc, kernels, streams  # noqa: E402
+from mpitrain.ops.cuda.allreduce import DeviceGroup  # noqa: E402
+from mpitrain.ops.cuda.transport import Transport  # noqa: E402
+from mpitrain.ops.types import ReduceOp  # noqa: E402
+
+MPI_CONFIGS = ("np1", "np2", "2x2")
+WORLD = MPI.COMM_WORLD
+RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
+# The simulator runs one Python thread per CUDA thread: keep launches and slices small.
+kernels.THREADS, kernels.MAX_BLOCKS = 16, 2
+streams.MIN_CHUNK_BYTES = 256
+ipc.MIN_WINDOW_BYTES = 1024
+
+
+def _host(rank, n, dtype, seed=0):
+    rng = np.random.default_rng(1000 * seed + rank)
+    if np.dtype(dtype).kind == "f":
+        return (rng.random(n) * 2 + 0.5).astype(dtype)
+    return rng.integers(0, 7, n).astype(dtype)
+
+
+def _want(n, dtype, op, pre, post, seed=0):
+    inputs = [_host(r, n, dtype, seed) for r in range(SIZE)]
+    if op == ReduceOp.AVERAGE:
+        op, post = ReduceOp.SUM, post / SIZE
+    return reference.reduce(inputs, np.dtype(dtype).name, op, pre, post)
+
+
+def _close(got, want):
+    got = np.asarray(got)
+    if got.dtype.kind == "f":
+        tol = 1e-2 if got.dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(got.astype(np.float64), want.astype(np.float64), rtol=tol)
+    else:
+        np.testing.assert_array_equal(got, want)
+
+
+def _device_group(hvd, **config):
+    group = hvd.runtime.state().engine.process_set(0).group
+    if config:
+        group = dataclasses.replace(group, config=dataclasses.replace(group.config, **config))
+    return group
+
+
+@pytest.mark.parametrize(("dtype", "op", "pre", "post"), [
+    (np.float32, ReduceOp.SUM, 0.5, 2.0), (np.float32, ReduceOp.AVERAGE, 1.0, 1.0),
+    (np.float16, ReduceOp.SUM, 1.0, 0.5), (np.int32, ReduceOp.MAX, 1.0, 1.0),
+    (np.float64, ReduceOp.PRODUCT, 1.0, 1.0)])
+def test_device_arrays_through_the_public_api(hvd, dtype, op, pre, post):
+    n = 301
+    x = cupy.asarray(_host(RANK, n, dtype))
+    out = hvd.allreduce(x, op=op, prescale_factor=pre, postscale_factor=post,
+                        name=f"dev.{np.dtype(dtype).name}.{op.name}")
+    assert isinstance(out, cupy.ndarray) and out.dtype == np.dtype(dtype)
+    _close(out, _want(n, dtype, op, pre, post))
+
+
+def test_a_fused_bucket_is_packed_reduced_and_unpacked(hvd):
+    arrays = [cupy.asarray(_host(RANK, 5 + 13 * i, np.float32, seed=i)) for i in range(12)]
+    handles = [hvd.allreduce_async_(a, op=hvd.Sum, name=f"fused.{i}")
+               for i, a in enumerate(arrays)]
+    for h in handles:
+        hvd.synchronize(h)
+    for i, a in enumerate(arrays):
+        _close(a, _want(5 + 13 * i, np.float32, ReduceOp.SUM, 1.0, 1.0, seed=i))
+
+
+def test_the_transport_follows_the_topology(hvd):
+    hvd.allreduce(cupy.asarray(np.ones(4, np.float32)), name="probe")
+    dg = hvd.runtime.state().engine.process_set(0).executor.device._device_group
+    topo = hvd.runtime.state().topology
+    kinds = [t for _, t in dg.phases]
+    if topo.local_size == 1:
+        assert kinds == [Transport.HOST_STAGING]
+    elif topo.num_nodes == 1:
+        assert kinds == [Transport.CUDA_IPC]
+    else:
+        assert kinds == [Transport.CUDA_IPC, Transport.HOST_STAGING, Transport.CUDA_IPC]
+    if dg.window is not None:  # every peer's window opened once per export
+        assert cupy.cuda.runtime.opened == (topo.local_size - 1) * dg.window.exchanges
+
+
+@pytest.mark.parametrize("force", [Transport.HOST_STAGING, Transport.CUDA_AWARE_MPI])
+@pytest.mark.parametrize("dtype", [np.float16, np.int32])
+def test_forced_transports_with_two_channels(hvd, force, dtype):
+    dg = DeviceGroup(_device_group(hvd, allreduce_streams=2),
+                     cuda_aware=force == Transport.CUDA_AWARE_MPI, force=force)
+    try:
+        n = 1000  # > 2 slices of MIN_CHUNK_BYTES: both channels carry data
+        x = cupy.asarray(_host(RANK, n, dtype, seed=3))
+        stream = cupy.cuda.get_current_stream()
+        pre, post = (0.5, 4.0) if dtype == np.float16 else (1.0, 1.0)
+        dg.allreduce([x], [x], np.dtype(dtype).name, ReduceOp.SUM, pre, post, [], [stream])
+        _close(x, _want(n, dtype, ReduceOp.SUM, pre, post, seed=3))
+    finally:
+        dg.close()
+
+
+def test_ipc_with_two_channels_and_growing_windows(hvd):
+    dg = DeviceGroup(_device_group(hvd, allreduce_streams=2), cuda_aware=False)
+    try:
+        stream = cupy.cuda.get_current_stream()
+        for n in (100, 1500):  # the second outgrows the first (1 KiB) window
+            xs = [cupy.asarray(_host(RANK, n // 3 + i, np.float32, seed=i)) for i in range(3)]
+            dg.allreduce(xs, xs, "float32", ReduceOp.SUM, 1.0, 1.0, [], [stream])
+            for i, x in enumerate(xs):
+                _close(x, _want(n // 3 + i, np.float32, ReduceOp.SUM, 1.0, 1.0, seed=i))
+        if dg.window is not None:
+            assert dg.window.exchanges == 2
+    finally:
+        dg.close()
+
+
+def test_broadcast_and_allgather_of_device_arrays_are_staged(hvd):
+    x = cupy.asarray(np.full(6, float(RANK), np.float32))
+    b = hvd.broadcast(x, root_rank=SIZE - 1, name="dev.bcast")
+    assert isinstance(b, cupy.ndarray) and (np.asarray(b) == SIZE - 1).all()
+    g = hvd.allgather(cupy.asarray(np.full((RANK + 1, 2), RANK, np.int64)), name="dev.gather")
+    assert isinstance(g, cupy.ndarray)
+    want = np.concatenate([np.full((r + 1, 2), r, np.int64) for r in range(SIZE)])
+    np.testing.assert_array_equal(np.asarray(g), want)
+
+
+def test_joined_ranks_contribute_zeros_from_the_device_path(hvd):
+    if RANK == 0:
+        x = cupy.asarray(np.full(10, 3.0, np.float32))
+        out = hvd.allreduce(x, op=hvd.Sum, name="after.join")
+        np.testing.assert_array_equal(np.asarray(out), 3.0)
+    assert hvd.join() in range(SIZE)
