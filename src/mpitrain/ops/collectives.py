@@ -32,9 +32,10 @@ from .group import Group
 from .mpi import allgather_int, alltoall, alltoall_int, barrier
 from .types import ReduceOp
 
-# Measured crossover (benchmarks/allreduce.py, four runs on the shared 2-core machine, see
-# README): MPI's Allreduce wins or draws below 4 MiB at p=2, p=4 (oversubscribed) and the
-# emulated 2x2; from 4 MiB shm/hierarchical win in every run (at 1 MiB runs disagreed).
+# Measured crossover (benchmarks/allreduce.py, five runs on the 2-core machine, shared with
+# other jobs, see README): the size from which shm/hierarchical beat MPI's Allreduce at every
+# larger size came out between 1 MiB and 16 MiB at p=2, p=4 (oversubscribed) and the emulated
+# 2x2, 4 MiB in most runs; below 1 MiB MPI won every run.
 # Across network namespaces joined by a 10 Gbit/s-shaped link (benchmarks/netns_allreduce.py,
 # 2 hosts x 2 ranks) MPI led at 256 KiB and hierarchical was level or ahead from 1 MiB.
 MPI_MAX_BYTES = 4 << 20
