@@ -29,6 +29,7 @@ import numpy as np
 
 from . import channels, hierarchical, mpi, ring, shm
 from .group import Group
+from .kernels import cpu
 from .mpi import allgather_int, alltoall, alltoall_int, barrier
 from .types import ReduceOp
 
@@ -110,8 +111,14 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
         mpi.allreduce(group, send, recv, dtype, op, prescale, postscale)
         return
     n_streams = streams or group.config.allreduce_streams
+
+    def prepare(g: Group) -> None:
+        if algo in ("shm", "hierarchical"):
+            g.node()
+        cpu.warm_up([dtype])
+
     channels.run(group, send, recv, n_streams, _run_allreduce(algo, dtype, op, prescale,
-                                                               postscale))
+                                                               postscale), prepare)
 
 
 def _shm_node(group: Group, nbytes: int, min_bytes: int = SHM_MIN_BYTES) -> shm.Node | None:
