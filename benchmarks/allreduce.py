@@ -225,7 +225,8 @@ def report(name: str, data: dict) -> str:
     crossover = _from_on(wins)
     lines.append("")
     lines.append(f"measured crossover (p={p}, {name}): mpitrain's own algorithms beat MPI's "
-                 f"Allreduce at every size from {_fmt_size(crossover) if crossover else 'never'}")
+                 + (f"Allreduce at every size from {_fmt_size(crossover)}" if crossover
+                    else "Allreduce at no size up to the largest measured"))
     if other:
         lines += ["", "| size | broadcast mpi | broadcast shm | allgather mpi | allgather shm |",
                   "|---:|---:|---:|---:|---:|"]
@@ -236,9 +237,10 @@ def report(name: str, data: dict) -> str:
         for kind in ("broadcast", "allgather"):
             shm_t, mpi_t = other[f"{kind}:shm"], other[f"{kind}:mpi"]
             start = _from_on(sorted((int(s), shm_t[s] < mpi_t[s]) for s in shm_t))
-            first = _fmt_size(start) if start else "never"
+            tail = (f"beats MPI's at every size from {_fmt_size(start)}" if start
+                    else "does not beat MPI's at the largest size measured")
             lines.append(f"\nmeasured crossover (p={p}, {name}): {kind} through shared memory "
-                         f"beats MPI's at every size from {first}")
+                         f"{tail}")
     return "\n".join(lines)
 
 

@@ -41,16 +41,24 @@ def parts(n: int, itemsize: int, streams: int) -> list[tuple[int, int]]:
 
 
 def run(group: Group, send: np.ndarray, recv: np.ndarray, streams: int,
-        fn: Callable[[Group, np.ndarray, np.ndarray], Any]) -> None:
+        fn: Callable[[Group, np.ndarray, np.ndarray], Any],
+        prepare: Callable[[Group], Any] | None = None) -> None:
     """Run ``fn(channel, send_part, recv_part)`` on each part concurrently.
 
-    Every rank of the group must call this with the same length and ``streams``.
+    ``prepare(channel)`` runs first for every channel, one after the other on this thread:
+    lazy collective set-up (shared-memory state) then happens in the same order on every
+    rank, and slow first-time work (kernel compilation) is not raced by the other channels'
+    threads while their peers wait.  Every rank of the group must call this with the same
+    length and ``streams``.
     """
     ranges = parts(send.size, send.itemsize, streams)
     if len(ranges) == 1:
         fn(group, send, recv)
         return
     chans = group.channels(len(ranges))
+    if prepare is not None:
+        for chan in chans:
+            prepare(chan)
     pool = group.pool(len(ranges) - 1)
     futures = [pool.submit(fn, chans[i], send[lo:hi], recv[lo:hi])
                for i, (lo, hi) in enumerate(ranges) if i > 0]

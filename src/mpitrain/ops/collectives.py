@@ -2,9 +2,9 @@
 
 Allreduce (``MPITRAIN_ALLREDUCE_ALGORITHM``, default ``auto``):
 
-* below :data:`MPI_MAX_BYTES` (:data:`MPI_MAX_BYTES_OVERSUBSCRIBED` where some machine runs
-  more ranks than it has cores), MPI's own Allreduce: it needs one synchronisation where the
-  shared-memory algorithms need three;
+* below :data:`MPI_MAX_BYTES`, MPI's own Allreduce: it needs one synchronisation where the
+  shared-memory algorithms need three, and Open MPI's shared-memory transport is good at
+  mid sizes;
 * one node: ``shm`` (staged through a shared window where ranks cannot read each other's
   memory directly);
 * several nodes: ``hierarchical`` (shared memory inside, a ring per local rank across);
@@ -29,17 +29,18 @@ import numpy as np
 
 from . import channels, hierarchical, mpi, ring, shm
 from .group import Group
+from .kernels import cpu
 from .mpi import allgather_int, alltoall, alltoall_int, barrier
 from .types import ReduceOp
 
-# Measured crossovers (benchmarks/allreduce.py, see README): MPI's Allreduce wins below.
-# p=2 on 2 cores: shm is level with MPI at 256 KiB and 1.4x faster at 1 MiB.  p=4 on 2 cores
-# and the emulated 2x2: every synchronisation waits for a descheduled rank, and MPI stays
-# ahead up to 1 MiB; shm/hierarchical lead from 4 MiB.  Across network namespaces joined by
-# a 10 Gbit/s-shaped link (benchmarks/netns_allreduce.py, 2 hosts x 2 ranks) MPI led at
-# 256 KiB and hierarchical was level or ahead from 1 MiB.
-MPI_MAX_BYTES = 1 << 20
-MPI_MAX_BYTES_OVERSUBSCRIBED = 4 << 20
+# Measured crossover (benchmarks/allreduce.py, five runs on the 2-core machine, shared with
+# other jobs, see README): the size from which shm/hierarchical beat MPI's Allreduce at every
+# larger size came out between 1 MiB and 16 MiB at p=2, p=4 (oversubscribed) and the emulated
+# 2x2, 4 MiB in most runs; below 1 MiB MPI won every run.
+# Across network namespaces joined by a 10 Gbit/s-shaped link (benchmarks/netns_allreduce.py,
+# 2 hosts x 2 ranks) MPI led at 256 KiB and hierarchical was level or ahead from 1 MiB.
+MPI_MAX_BYTES = 4 << 20
+
 # Broadcast and allgather through shared memory from this many bytes in total.  Measured:
 # Open MPI's shared-memory transport already copies large messages once (CMA), so ours only
 # pulls ahead at the largest sizes (p=2: broadcast at 256 MiB, allgather from 4 MiB; p=4:
@@ -62,16 +63,15 @@ __all__ = [
 def choose_allreduce(group: Group, nbytes: int, algorithm: str | None = None) -> str:
     """The allreduce algorithm for ``nbytes`` in ``group`` (same answer on every rank).
 
-    Collective the first time it runs in a group (see ``Group.oversubscribed`` and
-    ``Group.node``): every rank calls it for the same collective.
+    Collective the first time a shared-memory algorithm is considered (see ``Group.node``):
+    every rank calls it for the same collective.
     """
     algo = algorithm or group.config.allreduce_algorithm
     topo = group.topology
     if topo.size == 1:
         return "ring" if algo != "mpi" else "mpi"  # ring of one: a fused local scaling
     if algo == "auto":
-        limit = MPI_MAX_BYTES_OVERSUBSCRIBED if group.oversubscribed() else MPI_MAX_BYTES
-        if nbytes < limit:
+        if nbytes < MPI_MAX_BYTES:
             return "mpi"
         algo = "shm" if topo.num_nodes == 1 else "hierarchical"
     if algo == "shm" and topo.num_nodes > 1:
@@ -111,8 +111,14 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
         mpi.allreduce(group, send, recv, dtype, op, prescale, postscale)
         return
     n_streams = streams or group.config.allreduce_streams
+
+    def prepare(g: Group) -> None:
+        if algo in ("shm", "hierarchical"):
+            g.node()
+        cpu.warm_up([dtype])
+
     channels.run(group, send, recv, n_streams, _run_allreduce(algo, dtype, op, prescale,
-                                                               postscale))
+                                                               postscale), prepare)
 
 
 def _shm_node(group: Group, nbytes: int, min_bytes: int = SHM_MIN_BYTES) -> shm.Node | None:
@@ -129,8 +135,7 @@ def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequ
                   dtype: str, op: ReduceOp, prescale: float = 1.0,
                   postscale: float = 1.0) -> None:
     """Reduce ``send`` across the group; rank i keeps elements of block i (``counts[i]`` long)."""
-    limit = MPI_MAX_BYTES_OVERSUBSCRIBED if group.oversubscribed() else MPI_MAX_BYTES
-    node = _shm_node(group, send.nbytes, limit)
+    node = _shm_node(group, send.nbytes, MPI_MAX_BYTES)
     if node is None:
         mpi.reducescatter(group, send, recv, counts, dtype, op, prescale, postscale)
     else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -78,19 +77,6 @@ class Group:
             node.cma = self.comm.allreduce(1 if node.probed else 0, op=MPI.MIN) == 1
             self._state["node"] = node
         return self._state["node"]
-
-    def oversubscribed(self) -> bool:
-        """True when some machine of the group runs more ranks than it has cores.
-
-        Collective over the group the first time (the answer must be the same everywhere).
-        """
-        if "oversubscribed" not in self._state:
-            from mpi4py import MPI
-            # The machine's cores, not this process's affinity: launchers bind each rank to
-            # a core or two, which says nothing about how crowded the machine is.
-            mine = 1 if self.topology.machine_local_size > (os.cpu_count() or 1) else 0
-            self._state["oversubscribed"] = self.comm.allreduce(mine, op=MPI.MAX) == 1
-        return bool(self._state["oversubscribed"])
 
     def workspace(self, key: str = "ring") -> Any:
         """Reusable scratch of the ring algorithm for one of this group's communicators."""

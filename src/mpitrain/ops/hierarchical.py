@@ -8,6 +8,11 @@ On nodes with equal rank counts (the usual layout), with L ranks per node and N 
    the cross communicator, all L of them at the same time (cross traffic S/L per rank);
 3. intra-node allgather of the finished slices through shared memory.
 
+Per node, memory traffic is L·S read and S written in step 1 and (L-1)·S read and written in
+step 3, (3L-1)·S in all against the node's 2·L·S floor, as :mod:`mpitrain.ops.shm`; the
+network carries 2·(N-1)/N·S/L bytes each way per rank, the ring's optimum for S/L bytes,
+with all L local ranks sending at once.
+
 Nodes with different rank counts cannot split the buffer the same way on every node, so
 there the node's leader (local rank 0) carries the whole node: intra-node allreduce, ring
 allreduce among leaders, intra-node broadcast.  Correct on any layout, slower there.

@@ -262,11 +262,17 @@ def narrow_into(dst: np.ndarray, src: np.ndarray, dtype: str) -> None:
         np.copyto(dst, src, casting="unsafe")
 
 
+_warm: set[str] = set()
+
+
 def warm_up(dtypes: Sequence[str] = ("float32",)) -> None:
     """Compile (or load from cache) the kernels for ``dtypes`` now rather than mid-collective."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", numba.NumbaWarning)
         for dtype in dtypes:
+            if dtype in _warm:
+                continue
+            _warm.add(dtype)
             from ..types import STORAGE
             x = np.zeros(4, dtype=STORAGE[dtype])
             acc = np.empty(4, dtype=acc_dtype(dtype))
