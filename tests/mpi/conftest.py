@@ -1,26 +1,20 @@
 """Runs inside every rank of an MPI test job (launched by tests/test_mpi_suites.py).
 
-* mpitrain is initialised once per job (``hvd`` fixture) and shut down at the end;
-* ``@pytest.mark.world_sizes(2, 4)`` skips a test at other sizes;
-* after every test the ranks agree on its outcome: a failure on any rank fails the test on
-  all ranks, with that rank's message, so ranks never drift apart;
-* ranks other than 0 write their terminal output to a log the driver shows on failure.
+mpitrain is initialised once per job (``hvd`` fixture) and shut down at the end; the
+``world_sizes`` marker, the ranks' shared verdict on every test and the per-rank logs come from
+tests/rank_hooks.py.
 """
 
 from __future__ import annotations
 
-import os
-import sys
-
 import pytest
-from mpi4py import MPI
+from rank_hooks import (  # noqa: F401 - pytest finds the hooks here
+    pytest_collection_modifyitems,
+    pytest_runtest_makereport,
+    redirect_rank_output,
+)
 
-WORLD = MPI.COMM_WORLD
-
-if WORLD.Get_rank() > 0 and os.environ.get("MPITRAIN_TEST_LOGDIR"):
-    _log = open(os.path.join(os.environ["MPITRAIN_TEST_LOGDIR"],  # noqa: SIM115
-                             f"{WORLD.Get_rank()}.log"), "w")
-    os.dup2(_log.fileno(), sys.stdout.fileno())
+redirect_rank_output()
 
 
 @pytest.fixture(scope="session")
@@ -30,26 +24,3 @@ def hvd():
     mpitrain.init()
     yield mpitrain
     mpitrain.shutdown()
-
-
-def pytest_collection_modifyitems(config, items):
-    size = WORLD.Get_size()
-    for item in items:
-        marker = item.get_closest_marker("world_sizes")
-        if marker is not None and size not in marker.args:
-            item.add_marker(pytest.mark.skip(reason=f"runs at world sizes {marker.args}"))
-
-
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item, call):
-    outcome = yield
-    report = outcome.get_result()
-    if report.when != "call":
-        return
-    mine = str(report.longrepr)[-3000:] if report.failed else ""
-    everyone = WORLD.allgather(mine)
-    failed_elsewhere = [(r, text) for r, text in enumerate(everyone)
-                        if text and r != WORLD.Get_rank()]
-    if failed_elsewhere and not report.failed:
-        report.outcome = "failed"
-        report.longrepr = "\n".join(f"failed on rank {r}:\n{text}" for r, text in failed_elsewhere)
