@@ -210,8 +210,16 @@ def test_hierarchical_runs_the_cross_step_on_the_owned_slice_only():
 
 
 def test_owner_slices_cover_in_rank_order():
+    # ipc cuts windows with the data plane's one rule (ops/slices.py)
     assert ipc.owner_slices(10, 3) == [(0, 4), (4, 7), (7, 10)]
     assert ipc.owner_slices(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
     assert ipc.owner_slices(10, 2, 4) == [(0, 8), (8, 10)]
     with pytest.raises(ValueError, match="positive"):
         ipc.owner_slices(10, 0)
+
+
+def test_slices_reject_negative_counts():
+    from mpitrain.ops import slices
+    with pytest.raises(ValueError, match="-3"):
+        slices.balanced(-3, 2)
+    assert slices.balanced(7, 2) == [(0, 4), (4, 7)]

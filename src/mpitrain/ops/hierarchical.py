@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from . import ring, shm
+from .slices import balanced
 from .types import ReduceOp
 
 
@@ -52,7 +53,7 @@ def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: ring.Workspace,
             ring.allreduce(cross, recv, recv, dtype, op, 1.0, postscale, ws)
         shm.broadcast(node, recv, 0)
         return
-    ranges = shm.balanced(send.size, node.size)
+    ranges = balanced(send.size, node.size)
     lo, hi = ranges[node.rank]
     addrs = node.exchange(send, recv)
     shm.reduce_slice(node, send, [a[0] for a in addrs], lo, hi, recv[lo:hi], dtype, op,

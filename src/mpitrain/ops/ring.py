@@ -25,7 +25,7 @@ from mpi4py import MPI
 
 from .kernels import cpu
 from .mpi import same_memory
-from .shm import balanced
+from .slices import balanced
 from .types import ReduceOp
 
 _TAG = 0x5249  # "RI"; the group's communicator carries nothing else concurrently

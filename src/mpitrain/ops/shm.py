@@ -41,18 +41,8 @@ import numpy as np
 
 from . import cma
 from .kernels import cpu
+from .slices import balanced
 from .types import ReduceOp
-
-
-def balanced(n: int, parts: int) -> list[tuple[int, int]]:
-    """Split ``n`` elements into ``parts`` contiguous (start, stop) ranges, first ones longer."""
-    base, extra = divmod(n, parts)
-    out, start = [], 0
-    for i in range(parts):
-        stop = start + base + (1 if i < extra else 0)
-        out.append((start, stop))
-        start = stop
-    return out
 
 
 class Node:

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..slices import balanced as owner_slices
 from ..types import STORAGE, ReduceOp
 
 MIN_WINDOW_BYTES = 1 << 20  # the first window; later ones at least double
@@ -61,22 +62,6 @@ class DeviceOps(Protocol):
 
     def synchronize(self) -> None:
         """Wait until the stream's work is done (before telling peers it is)."""
-
-
-def owner_slices(count: int, parts: int, align: int = 1) -> list[tuple[int, int]]:
-    """Exactly ``parts`` contiguous (start, stop) slices of ``count``; trailing ones may be
-    empty.  Starts are multiples of ``align``; rank r owns slice r on every node."""
-    if parts <= 0 or align <= 0:
-        raise ValueError(f"parts and align must be positive, got {parts} and {align}")
-    units = (count + align - 1) // align
-    base, extra = divmod(units, parts)
-    out = []
-    start = 0
-    for r in range(parts):
-        stop = min(count, start + (base + (1 if r < extra else 0)) * align)
-        out.append((start, stop))
-        start = stop
-    return out
 
 
 @dataclass

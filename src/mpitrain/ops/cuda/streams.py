@@ -24,6 +24,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from ..slices import balanced
+
 MIN_CHUNK_BYTES = 1 << 20  # below this a channel's fixed costs outweigh the parallelism
 
 
@@ -64,14 +66,7 @@ def split(count: int, channels: int, align: int = 1, min_chunk: int = 1) -> list
         return []
     units = (count + align - 1) // align
     n = max(1, min(channels, units, count // min_chunk if count >= min_chunk else 1))
-    base, extra = divmod(units, n)
-    slices = []
-    start = 0
-    for c in range(n):
-        stop = min(count, start + (base + (1 if c < extra else 0)) * align)
-        slices.append((start, stop))
-        start = stop
-    return slices
+    return balanced(count, n, align)
 
 
 @dataclass
