@@ -26,14 +26,13 @@ import time
 import timeit
 from collections.abc import Callable
 
+import mpitrain as hvd  # isort: skip - before mpi4py, which starts MPI (see mpitrain._mpi)
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from mpi4py import MPI
 from torch import nn
-
-import mpitrain as hvd
 
 FRAMEWORKS = ("mpitrain", "mpitrain-copy", "ddp-gloo", "horovod")
 
@@ -213,7 +212,8 @@ def report(framework: str, s: int, results: dict[tuple[str, int], list[float]]) 
 
 def table(frameworks: list[str], sizes: list[int],
           results: dict[tuple[str, int], list[float]]) -> None:
-    print("\n| framework | ranks | img/sec per rank | img/sec total | scaling efficiency |")
+    print("\n(medians over the timed iterations)")
+    print("| framework | ranks | img/sec per rank | img/sec total | scaling efficiency |")
     print("| --- | ---: | ---: | ---: | ---: |")
     for framework in frameworks:
         base = float(np.median(results[(framework, sizes[0])])) if sizes[0] == 1 else None

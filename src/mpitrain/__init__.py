@@ -6,9 +6,11 @@
 
 This module is the Horovod face for PyTorch (``import mpitrain.torch as hvd`` is the same).
 The path of a gradient continues in ``torch/optimizer.py``, then ``engine/``, then ``ops/``.
-Importing mpitrain does not start MPI; ``init()`` does.
+Importing mpitrain does not start MPI; ``init()`` does.  It does set what MPI reads when it
+starts (see ``_mpi.prepare_environment``), so import mpitrain before mpi4py.
 """
 
+from . import _mpi  # noqa: F401 - first: importing it sets what MPI reads when it starts
 from .collectives import (
     Adasum,
     Average,
