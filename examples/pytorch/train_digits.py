@@ -16,7 +16,8 @@ repository root (as root add --allow-run-as-root, with more ranks than cores --o
 
 It reaches about 97% test accuracy in the default 12 epochs at 1, 2 and 4 ranks.  A run
 stopped at any epoch and started again with ``--resume`` ends bit for bit where an
-uninterrupted run ends.
+uninterrupted run ends.  Without ``--resume``, checkpoints already in ``--checkpoint-dir`` are
+an error rather than silently overwritten.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint-dir", default="checkpoints/digits",
                         help="rank 0 writes epoch-NNN.pt here (the last two are kept)")
     parser.add_argument("--resume", action="store_true",
-                        help="continue from the newest checkpoint in --checkpoint-dir")
+                        help="continue from the newest checkpoint in --checkpoint-dir, if there is "
+                        "one (without it, an existing checkpoint is an error, not overwritten)")
     parser.add_argument("--stop-after-epoch", type=int, default=None,
                         help="stop after this epoch's checkpoint, as an interruption would")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -122,8 +124,13 @@ def main() -> None:
     template = os.path.join(args.checkpoint_dir, "epoch-{epoch:03d}.pt")
     start_epoch, step = 0, 0
     torch.manual_seed(args.seed + hvd.rank())  # each rank its own dropout masks
-    if args.resume and hvd.broadcast_object(
-            hvd.latest_checkpoint(template) is not None if hvd.rank() == 0 else None):
+    # Rank 0 looks at the directory; every rank acts on its answer.
+    found = hvd.broadcast_object(hvd.latest_checkpoint(template) if hvd.rank() == 0 else None)
+    if found is not None and not args.resume:
+        # Training from scratch would overwrite an earlier run's checkpoints: never silently.
+        raise SystemExit(f"{args.checkpoint_dir} already holds {found} from an earlier run: "
+                         "pass --resume to continue it, or another --checkpoint-dir")
+    if found is not None:
         extra = hvd.load_checkpoint(template, model=model, optimizer=optimizer,
                                     sampler=sampler)
         start_epoch, step = extra["epoch"], extra["step"]

@@ -38,6 +38,14 @@ def test_digits_learns_at_every_world_size(tmp_path, np_):
         resumed = _digits(2, resumed_dir, "--resume")
         assert "at epoch 1" in resumed
         assert FINAL.search(resumed).groups() == final.groups()
+        # Starting afresh over those checkpoints is refused, naming them; nothing is touched.
+        before = {p.name: p.read_bytes() for p in resumed_dir.iterdir()}
+        argv = [sys.executable, str(EXAMPLES / "train_digits.py"), "--epochs", "3",
+                "--checkpoint-dir", str(resumed_dir)]
+        refused = run_job(2, argv, timeout=240)
+        assert refused.returncode != 0
+        assert "epoch-003.pt" in refused.stderr and "--resume" in refused.stderr, refused.stderr
+        assert {p.name: p.read_bytes() for p in resumed_dir.iterdir()} == before
 
 
 def test_synthetic_benchmark_compares_frameworks_in_one_run():
