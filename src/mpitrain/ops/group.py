@@ -12,6 +12,7 @@ import numpy as np
 from ..config import Config
 from ..memory import page_aligned_empty
 from ..topology import Communicators, Topology
+from .scratch import Scratch
 
 
 @dataclass
@@ -25,7 +26,7 @@ class Group:
     comms: Communicators
     topology: Topology
     config: Config
-    _buffers: dict[str, np.ndarray] = field(default_factory=dict)
+    _buffers: Scratch = field(default_factory=lambda: Scratch(page_aligned_empty))
     _state: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -42,11 +43,7 @@ class Group:
 
     def scratch(self, key: str, nbytes: int) -> np.ndarray:
         """Return a reusable byte buffer of at least ``nbytes`` (grown, never shrunk)."""
-        buf = self._buffers.get(key)
-        if buf is None or buf.nbytes < nbytes:
-            buf = page_aligned_empty(max(nbytes, 64))
-            self._buffers[key] = buf
-        return buf[:nbytes]
+        return self._buffers.get(key, nbytes)
 
     def shared_empty(self, nbytes: int) -> np.ndarray:
         """A new byte buffer that the data plane reduces from fastest.
@@ -82,8 +79,7 @@ class Group:
         """Reusable scratch of the ring algorithm for one of this group's communicators."""
         ws = self._state.get("ws." + key)
         if ws is None:
-            from .ring import Workspace
-            ws = self._state["ws." + key] = Workspace()
+            ws = self._state["ws." + key] = Scratch()
         return ws
 
     def channels(self, n: int) -> list[Group]:

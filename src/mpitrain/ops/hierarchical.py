@@ -32,11 +32,12 @@ from typing import Any
 import numpy as np
 
 from . import ring, shm
+from .scratch import Scratch
 from .slices import balanced
 from .types import ReduceOp
 
 
-def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: ring.Workspace,
+def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,
               send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
               prescale: float = 1.0, postscale: float = 1.0) -> None:
     """Allreduce over ``node`` (this node's ranks) and ``cross`` (same local rank elsewhere).

@@ -25,25 +25,11 @@ from mpi4py import MPI
 
 from .kernels import cpu
 from .mpi import same_memory
+from .scratch import Scratch
 from .slices import balanced
 from .types import ReduceOp
 
 _TAG = 0x5249  # "RI"; the group's communicator carries nothing else concurrently
-
-
-class Workspace:
-    """Reusable scratch for one communicator (ring runs never overlap on one)."""
-
-    def __init__(self) -> None:
-        self._bufs: dict[str, np.ndarray] = {}
-
-    def get(self, key: str, count: int, dtype: np.dtype) -> np.ndarray:
-        nbytes = max(count * dtype.itemsize, 64)
-        buf = self._bufs.get(key)
-        if buf is None or buf.nbytes < nbytes:
-            buf = np.empty(nbytes, dtype=np.uint8)
-            self._bufs[key] = buf
-        return buf[:count * dtype.itemsize].view(dtype)
 
 
 def _segments(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
@@ -51,7 +37,7 @@ def _segments(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
 
 
 def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: float,
-          ws: Workspace) -> None:
+          ws: Scratch) -> None:
     """In-place ring allreduce of ``work`` (accumulation type, prescale already applied)."""
     p, r = comm.Get_size(), comm.Get_rank()
     right, left = (r + 1) % p, (r - 1) % p
@@ -87,9 +73,9 @@ def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: floa
 
 def allreduce(comm: Any, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
               prescale: float = 1.0, postscale: float = 1.0,
-              ws: Workspace | None = None) -> None:
+              ws: Scratch | None = None) -> None:
     """Ring allreduce of ``send`` into ``recv`` (which may be ``send``) among ``comm``."""
-    ws = ws or Workspace()
+    ws = ws or Scratch()
     p = comm.Get_size()
     n = send.size
     if p == 1:
@@ -111,7 +97,7 @@ def allreduce(comm: Any, send: np.ndarray, recv: np.ndarray, dtype: str, op: Red
 
 
 def local_reduce(send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-                 prescale: float, postscale: float, ws: Workspace) -> None:
+                 prescale: float, postscale: float, ws: Scratch) -> None:
     """The allreduce of a group of one: ``recv = post * (pre * send)`` with reduction rounding."""
     step = max(1, cpu.CHUNK_BYTES // 4)
     n = send.size
@@ -122,7 +108,7 @@ def local_reduce(send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
         cpu.reduce_chunks(recv[s:e], [send[s:e]], dtype, op, prescale, postscale, acc, tmp)
 
 
-def _convert(src: np.ndarray, dst: np.ndarray, dtype: str, factor: float, ws: Workspace,
+def _convert(src: np.ndarray, dst: np.ndarray, dtype: str, factor: float, ws: Scratch,
              widen: bool, narrow: bool = False) -> None:
     """Chunk-wise ``dst = factor * src`` with type change for float16/bfloat16 if asked."""
     step = max(1, cpu.CHUNK_BYTES // 4)

@@ -41,6 +41,7 @@ import numpy as np
 
 from . import cma
 from .kernels import cpu
+from .scratch import Scratch
 from .slices import balanced
 from .types import ReduceOp
 
@@ -57,7 +58,7 @@ class Node:
         # across nodes), so algorithms read ``cma``, set by the owner.
         self.probed = self.size == 1 or cma.probe(comm)
         self.cma = self.probed
-        self._scratch: dict[str, np.ndarray] = {}
+        self._scratch = Scratch()
         self._win: Any = None
         self._segments: list[np.ndarray] = []
 
@@ -87,12 +88,7 @@ class Node:
             win.Free()
 
     def scratch(self, key: str, count: int, dtype: np.dtype) -> np.ndarray:
-        nbytes = max(count * dtype.itemsize, 64)
-        buf = self._scratch.get(key)
-        if buf is None or buf.nbytes < nbytes:
-            buf = np.empty(nbytes, dtype=np.uint8)
-            self._scratch[key] = buf
-        return buf[:count * dtype.itemsize].view(dtype)
+        return self._scratch.get(key, count, dtype)
 
     def exchange(self, *buffers: np.ndarray) -> list[tuple[int, ...]]:
         """Every rank's buffer addresses, in rank order (and a point where all have arrived).
