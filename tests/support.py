@@ -120,3 +120,33 @@ def run_python(np: int, code: str, env: Mapping[str, str] | None = None,
                timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run a Python snippet on ``np`` ranks."""
     return run_job(np, [sys.executable, "-c", code], env=env, timeout=timeout)
+
+
+def run_pytest_job(np: int, pytest_args: Sequence[str], env: Mapping[str, str], timeout: float,
+                   label: str) -> str:
+    """Run pytest in every rank of an ``np``-rank job; fail the calling test with all output
+    (rank 0's, stderr and ranks > 0's logs) when it hangs or exits non-zero.
+
+    Returns rank 0's stdout.  Ranks > 0 write their logs into a directory the job is told
+    about through ``MPITRAIN_TEST_LOGDIR`` (see tests/rank_hooks.py).
+    """
+    import tempfile
+
+    import pytest
+
+    with tempfile.TemporaryDirectory() as logdir:
+        argv = [sys.executable, "-m", "pytest", *pytest_args, "-q", "-p", "no:cacheprovider",
+                "--timeout-method=thread"]
+        try:
+            result = run_job(np, argv, env=dict(env, MPITRAIN_TEST_LOGDIR=logdir),
+                             timeout=timeout)
+        except subprocess.TimeoutExpired as exc:
+            pytest.fail(f"{label} hung for {timeout:.0f} s:\n"
+                        f"{exc.stdout or ''}\n{exc.stderr or ''}"[-8000:])
+        logs = "".join(f"\n--- rank {p.stem} ---\n{p.read_text()[-4000:]}"
+                       for p in sorted(Path(logdir).glob("*.log")))
+    if result.returncode != 0:
+        pytest.fail(f"{label} (np={np}) exited {result.returncode}\n"
+                    f"--- rank 0 stdout ---\n{result.stdout[-12000:]}\n--- stderr ---\n"
+                    f"{result.stderr[-6000:]}{logs}", pytrace=False)
+    return result.stdout

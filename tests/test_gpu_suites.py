@@ -9,12 +9,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from support import ROOT, run_job
+from support import ROOT, run_pytest_job
 
 GPU_DIR = ROOT / "tests" / "gpu"
 JOB_TIMEOUT = float(os.environ.get("MPITRAIN_TEST_JOB_TIMEOUT", "900"))
@@ -47,20 +45,8 @@ def gpu():
 @pytest.mark.parametrize("config", list(CONFIGS))
 def test_gpu_suite(gpu, config: str) -> None:
     np_, env = CONFIGS[config]
-    with tempfile.TemporaryDirectory() as logdir:
-        job_env = dict(env, MPITRAIN_TEST_LOGDIR=logdir, MPITRAIN_TEST_UNDER_GPU="1",
-                       MPITRAIN_TEST_REQUIRE_GPU=os.environ.get("MPITRAIN_TEST_REQUIRE_GPU", ""))
-        argv = [sys.executable, "-m", "pytest", str(GPU_DIR), "-q", "-p", "no:cacheprovider",
-                "--timeout=300", "--timeout-method=thread", "-rs"]
-        try:
-            result = run_job(np_, argv, env=job_env, timeout=JOB_TIMEOUT)
-        except subprocess.TimeoutExpired as exc:
-            pytest.fail(f"GPU suite at {config} hung for {JOB_TIMEOUT:.0f} s:\n"
-                        f"{exc.stdout or ''}\n{exc.stderr or ''}"[-8000:])
-        logs = "".join(f"\n--- rank {p.stem} ---\n{p.read_text()[-4000:]}"
-                       for p in sorted(Path(logdir).glob("*.log")))
-    if result.returncode != 0:
-        pytest.fail(f"GPU suite at {config} (np={np_}) exited {result.returncode}\n"
-                    f"{result.stdout[-12000:]}\n--- stderr ---\n{result.stderr[-6000:]}{logs}",
-                    pytrace=False)
-    print(result.stdout[-3000:])
+    job_env = dict(env, MPITRAIN_TEST_UNDER_GPU="1",
+                   MPITRAIN_TEST_REQUIRE_GPU=os.environ.get("MPITRAIN_TEST_REQUIRE_GPU", ""))
+    out = run_pytest_job(np_, [str(GPU_DIR), "--timeout=300", "-rs"], job_env, JOB_TIMEOUT,
+                         f"GPU suite at {config}")
+    print(out[-3000:])

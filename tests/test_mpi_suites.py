@@ -10,14 +10,11 @@ from __future__ import annotations
 
 import ast
 import os
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from support import CONFIGS, DEFAULT_CONFIGS, ROOT, run_job
+from support import CONFIGS, DEFAULT_CONFIGS, ROOT, run_pytest_job
 
 MPI_DIR = ROOT / "tests" / "mpi"
 JOB_TIMEOUT = float(os.environ.get("MPITRAIN_TEST_JOB_TIMEOUT", "600"))
@@ -45,19 +42,6 @@ CASES = [pytest.param(path, config, id=f"{path.stem}-{config}")
 @pytest.mark.parametrize(("path", "config"), CASES)
 def test_mpi_suite(path: Path, config: str) -> None:
     np_, env = CONFIGS[config]
-    with tempfile.TemporaryDirectory() as logdir:
-        job_env = dict(env, MPITRAIN_TEST_UNDER_MPI="1", MPITRAIN_TEST_LOGDIR=logdir)
-        argv = [sys.executable, "-m", "pytest", str(path), "-q", "-p", "no:cacheprovider",
-                f"--timeout={TEST_TIMEOUT}", "--timeout-method=thread", "-W",
-                "error::pytest.PytestUnraisableExceptionWarning"]
-        try:
-            result = run_job(np_, argv, env=job_env, timeout=JOB_TIMEOUT)
-        except subprocess.TimeoutExpired as exc:
-            pytest.fail(f"{path.name} at {config} hung for {JOB_TIMEOUT:.0f} s:\n"
-                        f"{exc.stdout or ''}\n{exc.stderr or ''}"[-8000:])
-        logs = "".join(f"\n--- rank {p.stem} ---\n{p.read_text()[-4000:]}"
-                       for p in sorted(Path(logdir).glob("*.log")))
-    if result.returncode != 0:
-        pytest.fail(f"{path.name} at {config} (np={np_}) exited {result.returncode}\n"
-                    f"--- rank 0 stdout ---\n{result.stdout[-12000:]}\n--- stderr ---\n"
-                    f"{result.stderr[-6000:]}{logs}", pytrace=False)
+    run_pytest_job(np_, [str(path), f"--timeout={TEST_TIMEOUT}", "-W",
+                         "error::pytest.PytestUnraisableExceptionWarning"],
+                   dict(env, MPITRAIN_TEST_UNDER_MPI="1"), JOB_TIMEOUT, f"{path.name} at {config}")
