@@ -104,6 +104,7 @@ class Config:
     stall_check_disable: bool = False
     stall_check_time_seconds: float = 60.0
     stall_shutdown_time_seconds: float = 0.0
+    deadlock_time_seconds: float = 10.0
     allreduce_algorithm: str = "auto"
     hierarchical_allreduce: bool = False
     allreduce_streams: int = 1
@@ -137,6 +138,9 @@ VARIABLES: tuple[Variable, ...] = (
              _parse_nonneg_float,
              "Fail stalled requests (ending the job) after this long; 0 never.",
              ("HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",)),
+    Variable("deadlock_time_seconds", "MPITRAIN_DEADLOCK_TIME_SECONDS", _parse_nonneg_float,
+             "Fail every pending request, on every rank, once every rank has waited this long "
+             "with nothing submitted or completed anywhere (a deadlock); 0 never."),
     Variable("allreduce_algorithm", "MPITRAIN_ALLREDUCE_ALGORITHM", _parse_algorithm,
              "auto|shm|ring|hierarchical|mpi: force one allreduce algorithm."),
     Variable("hierarchical_allreduce", "MPITRAIN_HIERARCHICAL_ALLREDUCE", _parse_bool,

@@ -19,11 +19,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from .. import ops, topology
 from ..config import Config
 from ..errors import MpitrainInternalError
 from .executor import Executor
-from .negotiation import Negotiator, Response
+from .negotiation import Negotiator, Response, wait_for
 from .request import Completion, Handle, Kind, Request
 from .timeline import Timeline
 
@@ -94,7 +96,7 @@ class Engine:
             state.negotiator = Negotiator(
                 comms.world.Dup(), world_ranks, self.config.cache_capacity,
                 self.config.stall_check_time_seconds, self.config.stall_shutdown_time_seconds,
-                self.config.stall_check_disable)
+                self.config.stall_check_disable, self.config.deadlock_time_seconds)
             state.executor = Executor(state.group, self.timeline, self.config.fusion_threshold)
         with self._cond:
             self._sets[set_id] = state
@@ -150,6 +152,7 @@ class Engine:
                                  "names must be unique until synchronized")
             names.add(request.name)
             self._inbox.append(request)
+            self.completion.touch()
             if len(self._inbox) == 1:
                 self._cond.notify()
         return handle
@@ -228,10 +231,12 @@ class Engine:
                 continue
             state.negotiator.add(request)
         someone_pending = False
+        deadlock_s = self.config.deadlock_time_seconds
+        stuck = deadlock_s > 0 and self.completion.idle_waiting_for() >= deadlock_s
         for state in sets:
             if state.negotiator is None or state.id not in self._sets:
                 continue
-            result = state.negotiator.round(stopping)
+            result = state.negotiator.round(stopping, stuck)
             someone_pending |= result.someone_pending
             self._execute(state, result.responses)
             if result.someone_stopping and state.id == GLOBAL_SET_ID:
@@ -248,6 +253,7 @@ class Engine:
                     resp.request.handle.fail(MpitrainInternalError(resp.error))
                 done.append(resp)
             elif resp.kind == Kind.JOIN:
+                self._align_names(state)
                 if resp.request is not None:
                     resp.request.entries = []
                     if resp.request.handle is not None:
@@ -263,6 +269,24 @@ class Engine:
             for resp in data:
                 state.negotiator.remember(resp)
         self._complete(state, done + data)
+
+    def _align_names(self, state: SetState) -> None:
+        """Give every rank the same unnamed-request counters once a join has completed.
+
+        While some ranks were joined, the others went on submitting (allreduces that ran with
+        zeros from the joined ranks, or requests refused because of the join), so their
+        counters moved and the joined ranks' did not.  Every rank is inside join() now, so no
+        unnamed request is being named: take the largest count of each kind everywhere, and
+        the next unnamed collective has the same name on every rank again.
+        """
+        assert state.negotiator is not None
+        kinds = list(Kind)
+        with self._cond:
+            counts = np.array([state.name_counters.get(k, 0) for k in kinds], dtype=np.int64)
+        wait_for(state.negotiator.comm.Iallreduce(_mpi().IN_PLACE, counts, op=_mpi().MAX))
+        with self._cond:
+            for kind, count in zip(kinds, counts.tolist()):
+                state.name_counters[kind] = count
 
     def _control(self, resp: Response) -> None:
         """Add or remove a process set, at the same point of the global order everywhere."""
@@ -354,7 +378,11 @@ class Engine:
         }
 
 
-def _undefined() -> int:
+def _mpi() -> Any:
     from mpi4py import MPI
 
-    return int(MPI.UNDEFINED)
+    return MPI
+
+
+def _undefined() -> int:
+    return int(_mpi().UNDEFINED)

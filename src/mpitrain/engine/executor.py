@@ -209,13 +209,14 @@ class Executor:
     # ---------------------------------------------------------------- one-at-a-time ops
     def _single(self, resp: Response) -> None:
         request = resp.request
-        assert request is not None
         started = time.monotonic()
         kind = resp.kind
         if kind == Kind.BARRIER:
-            # Negotiation only decides a barrier once every rank has entered it.
+            # Negotiation only decides a barrier once every rank has entered it (or joined:
+            # a joined rank has no request of its own here).
             self._span_request(resp, "BARRIER", started, started)
             return
+        assert request is not None
         if is_cuda(resp.meta):
             with self.device.staged(request.entries):
                 self._entries(resp, request)

@@ -15,6 +15,13 @@ One round per cycle per process set, on a communicator used for nothing else:
 
 Joined ranks (``join()``) set every cache bit and count as having announced everything, so the
 others' allreduces proceed with zeros from them.
+
+The header's last word is AND-reduced as it is: 1 where this rank is *stuck* (requests pending
+here, a thread blocked waiting on one, and nothing submitted or completed in this process for
+the deadlock time).  When it comes back 1, every rank is stuck in the same round and nothing
+can change any more (no rank will submit, no pending request can match): every rank fails its
+pending requests with one message that says which rank submitted which tensor, instead of
+waiting for a human.
 """
 
 from __future__ import annotations
@@ -101,7 +108,8 @@ class Negotiator:
     """The negotiation state of one process set on this rank (used by the engine thread only)."""
 
     def __init__(self, comm: Any, world_ranks: list[int], cache_capacity: int,
-                 stall_warn_s: float, stall_shutdown_s: float, stall_disabled: bool) -> None:
+                 stall_warn_s: float, stall_shutdown_s: float, stall_disabled: bool,
+                 deadlock_s: float = 0.0) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -116,6 +124,7 @@ class Negotiator:
         self.stall_warn_s = stall_warn_s
         self.stall_shutdown_s = stall_shutdown_s
         self.stall_disabled = stall_disabled or stall_warn_s <= 0
+        self.deadlock_s = deadlock_s
         self._last_stall_check = time.monotonic()
         self.rounds = 0
         self.announcement_rounds = 0
@@ -152,11 +161,12 @@ class Negotiator:
         return self.rank in self.joined
 
     # ------------------------------------------------------------------------ the round
-    def round(self, stopping: bool) -> RoundResult:
+    def round(self, stopping: bool, stuck: bool = False) -> RoundResult:
+        """Run one negotiation round; ``stuck``: this process has waited, idle, too long."""
         self.rounds += 1
         nbits = self.cache.num_bits
         nwords = (nbits + 63) // 64
-        header = np.zeros(2 * nwords + 1, dtype=np.uint64)
+        header = np.zeros(2 * nwords + 2, dtype=np.uint64)
         if self.locally_joined:
             header[:nwords] = _ALL_ONES
         else:
@@ -173,6 +183,7 @@ class Negotiator:
             flags |= F_STALL
         header[nwords:2 * nwords] = ~stale
         header[2 * nwords] = ~np.uint64(flags)
+        header[2 * nwords + 1] = 1 if stuck and self.pending else 0
 
         req = self.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.BAND)
         wait_for(req, self._report_slow_round, self.stall_warn_s if not self.stall_disabled
@@ -191,8 +202,12 @@ class Negotiator:
         responses.extend(self._cached_ready(ready_everywhere & ~stale_anywhere, nbits,
                                             joined_before))
         responses.extend(self._table_ready())
+        # Decided on the same facts everywhere (the stall inspector's failures are not).
+        everyone_stuck = bool(header[2 * nwords + 1]) and not responses
         if flags_any & F_STALL:
             responses.extend(self._inspect_stalls())
+        if everyone_stuck:
+            responses.extend(self._break_deadlock())
         return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING))
 
     def _evict(self, stale_anywhere: np.ndarray, nbits: int) -> None:
@@ -299,32 +314,16 @@ class Negotiator:
     def _inspect_stalls(self) -> list[Response]:
         """Tell which ranks are missing which tensors; fail them after the shutdown time."""
         self._last_stall_check = time.monotonic()
-        now = time.monotonic()
-        mine = [(name, now - r.submitted_at, int(r.kind)) for name, r in self.pending.items()]
-        gathered = self.comm.allgather(mine)
-        have: dict[str, set[int]] = {}
-        age: dict[str, float] = {}
-        kinds: dict[str, int] = {}
-        for rank, items in enumerate(gathered):
-            for name, waited, kind in items:
-                have.setdefault(name, set()).add(rank)
-                age[name] = max(age.get(name, 0.0), waited)
-                kinds[name] = kind
-        joined = set(self.joined)
         lines = []
         failed: list[Response] = []
-        for name in sorted(have, key=lambda n: -age[n]):
-            if kinds[name] == Kind.JOIN:
-                missing = sorted(set(range(self.size)) - have[name])
-            else:
-                missing = sorted(set(range(self.size)) - have[name] - joined)
-            if not missing or age[name] < self.stall_warn_s:
+        for name, kind, age, _, missing in self._gather_pending():
+            if not missing or age < self.stall_warn_s:
                 continue
             missing_world = [self.world_ranks[r] for r in missing]
-            lines.append(f"  {Kind(kinds[name]).label} '{name}' waited {age[name]:.0f} s; "
+            lines.append(f"  {kind.label} '{name}' waited {age:.0f} s; "
                          f"missing ranks: {missing_world}")
-            if self.stall_shutdown_s > 0 and age[name] >= self.stall_shutdown_s:
-                failed.append(self._fail_stalled(name, missing_world, age[name]))
+            if self.stall_shutdown_s > 0 and age >= self.stall_shutdown_s:
+                failed.append(self._fail_stalled(name, missing_world, age))
         if lines and self.rank == 0:
             sys.stderr.write(
                 "mpitrain: stall: some ranks submitted tensors that others have not for more "
@@ -333,6 +332,58 @@ class Negotiator:
                 + "\n".join(lines) + "\n")
             sys.stderr.flush()
         return [f for f in failed if f.request is not None]
+
+    def _gather_pending(self) -> list[tuple[str, Kind, float, list[int], list[int]]]:
+        """Every rank's pending requests, oldest first: (name, kind, age, have, missing).
+
+        ``have`` and ``missing`` are ranks of the set; joined ranks are never missing a
+        request other than a join (they take part in those with zeros).  Collective.
+        """
+        now = time.monotonic()
+        mine = [(name, now - r.submitted_at, int(r.kind)) for name, r in self.pending.items()]
+        have: dict[str, set[int]] = {}
+        age: dict[str, float] = {}
+        kinds: dict[str, Kind] = {}
+        for rank, items in enumerate(self.comm.allgather(mine)):
+            for name, waited, kind in items:
+                have.setdefault(name, set()).add(rank)
+                age[name] = max(age.get(name, 0.0), waited)
+                kinds[name] = _KIND_OF[kind]
+        everyone = set(range(self.size))
+        joined = set(self.joined)
+        out = []
+        for name in sorted(have, key=lambda n: (-age[n], n)):
+            excused = set() if kinds[name] == Kind.JOIN else joined
+            missing = sorted(everyone - have[name] - excused)
+            out.append((name, kinds[name], age[name], sorted(have[name]), missing))
+        return out
+
+    def _break_deadlock(self) -> list[Response]:
+        """Every rank is stuck (see the module docstring): fail all pending requests here.
+
+        Runs in the same round on every rank of the set, so the table, the joined list and
+        the cache hits are cleared identically everywhere.
+        """
+        lines = []
+        for name, kind, age, have, missing in self._gather_pending():
+            have_world = [self.world_ranks[r] for r in have]
+            missing_world = [self.world_ranks[r] for r in missing]
+            lines.append(f"  {kind.label} '{name}' (waiting {age:.0f} s): submitted by ranks "
+                         f"{have_world}, never by ranks {missing_world}")
+        message = ("deadlock: every rank is waiting for a collective that can never run "
+                   f"(nothing was submitted or completed on any rank for {self.deadlock_s:g} s"
+                   "; MPITRAIN_DEADLOCK_TIME_SECONDS).  Pending requests:\n"
+                   + "\n".join(lines) + "\nEvery rank must submit the same collectives in "
+                   "the same order; give collectives explicit names (name=...) when the "
+                   "ranks' code paths differ.")
+        failed = [Response(name, request.meta(), request, error=message)
+                  for name, request in self.pending.items()]
+        self.pending.clear()
+        self.unannounced.clear()
+        self.hits.clear()
+        self.table.clear()
+        self.joined.clear()
+        return failed
 
     def _fail_stalled(self, name: str, missing: list[int], waited: float) -> Response:
         request = self.pending.pop(name, None)

@@ -132,14 +132,32 @@ def _describe_entries(name: str, kind: str, a: Sequence[Any], rank_a: int, b: Se
 
 
 class Completion:
-    """One condition variable for all handles: completing 1,000 at once wakes waiters once."""
+    """One condition variable for all handles: completing 1,000 at once wakes waiters once.
+
+    It also keeps what the deadlock check needs to know about this process: how many threads
+    are blocked in ``Handle.wait`` and when something last happened (a submission or a
+    completion).
+    """
 
     def __init__(self) -> None:
         self.cond = threading.Condition(threading.Lock())
+        self.waiters = 0
+        self.last_activity = time.monotonic()
+
+    def touch(self) -> None:
+        """Note activity (a submission): whatever waits may soon be able to proceed."""
+        self.last_activity = time.monotonic()
+
+    def idle_waiting_for(self) -> float:
+        """Seconds since the last activity while some thread waits on a handle, else 0."""
+        if self.waiters == 0:
+            return 0.0
+        return time.monotonic() - self.last_activity
 
     def finish(self, handles: Sequence[Handle]) -> None:
         callbacks: list[tuple[Callable[[Handle], None], Handle]] = []
         with self.cond:
+            self.last_activity = time.monotonic()
             for h in handles:
                 h._done = True
                 if h._callbacks:
@@ -203,12 +221,18 @@ class Handle:
         """
         if not self._done:
             deadline = None if timeout is None else time.monotonic() + timeout
-            with self._completion.cond:
-                while not self._done:
-                    remaining = None if deadline is None else deadline - time.monotonic()
-                    if remaining is not None and remaining <= 0:
-                        raise TimeoutError(f"'{self.request.name}' did not finish in {timeout} s")
-                    self._completion.cond.wait(remaining)
+            completion = self._completion
+            with completion.cond:
+                completion.waiters += 1
+                try:
+                    while not self._done:
+                        remaining = None if deadline is None else deadline - time.monotonic()
+                        if remaining is not None and remaining <= 0:
+                            raise TimeoutError(
+                                f"'{self.request.name}' did not finish in {timeout} s")
+                        completion.cond.wait(remaining)
+                finally:
+                    completion.waiters -= 1
         if self._error is not None:
             if isinstance(self._error, MpitrainInternalError):
                 raise MpitrainInternalError(str(self._error)) from self._error
