@@ -53,6 +53,8 @@ setup(
         "cuda12": ["cupy-cuda12x>=13"],
         "examples": ["scikit-learn>=1.3", "tqdm>=4.60"],
         "tensorflow": ["tensorflow-cpu>=2.16"],
+        # Hugging Face's Trainer/Accelerate on mpitrain, and the BERT example.
+        "hf": ["transformers>=4.40", "accelerate>=0.30", "tokenizers>=0.15"],
         "test": TEST,
     },
     entry_points={

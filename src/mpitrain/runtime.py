@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _mpi, binding, topology
+from . import _mpi, binding, job_env, topology
 from . import config as config_module
 from .errors import not_initialized
 from .topology import Communicators, Topology
@@ -95,9 +95,12 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         cfg = config_module.load()
         job_comm = _resolve_comm(MPI, comm)
         spans_world = job_comm.Get_size() == MPI.COMM_WORLD.Get_size()
+        job_env.check_torch_world(job_comm.Get_size())
         topo, comms = topology.build(job_comm, emulated_local_size=cfg.local_size,
                                      use_launcher_env=spans_world)
         device = binding.bind_device(topo.local_rank) if cfg.bind_device else None
+        job_env.export(topo.rank, topo.size, topo.local_rank, topo.local_size,
+                       has_gpu=binding.cuda_device_count() > 0)
         threads = binding.set_cpu_threads(topo.machine_local_size) if cfg.set_cpu_threads else None
 
         from .engine.engine import Engine

@@ -91,7 +91,7 @@ def test_join_interleaved_with(hvd, op: str, early: str, named: bool) -> None:
     joiner = 0 if early == "first" else SIZE - 1
     others = [r for r in range(SIZE) if r != joiner]
     tag = f"{op}.{early}"
-    if RANK == joiner:
+    if joiner == RANK:
         last = hvd.join()
     else:
         for repeat in range(2):  # the second time the negotiation cache answers

@@ -5,7 +5,8 @@ forwards to :mod:`mpitrain`, so ``hvd.init()``, ``hvd.DistributedOptimizer`` and
 under either import.
 
 Importing this package registers mpitrain as a torch.distributed backend
-(``init_process_group(backend="mpitrain")``, see :mod:`mpitrain.torch.c10d`); nothing else
+(``init_process_group(backend="mpitrain")``, see :mod:`mpitrain.torch.c10d`) and lets
+GradScaler wait for DistributedOptimizer's reductions (:mod:`mpitrain.torch.amp`); nothing else
 happens at import, and MPI starts only at ``init()``.
 """
 
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from .amp import install as _install_amp_support
 from .c10d import register as _register_c10d_backend
 
 _register_c10d_backend()
+_install_amp_support()
 
 
 def __getattr__(name: str) -> Any:

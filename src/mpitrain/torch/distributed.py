@@ -8,9 +8,10 @@ A script written against torch.distributed switches two imports and keeps the re
     dist.init_process_group(backend="nccl")     # any name: mpitrain initialises from MPI
     model = DDP(model)
 
-Everything here runs on mpitrain's runtime; no torch process group is created (for code that
-needs one, ``torch.distributed.init_process_group(backend="mpitrain")`` gives one whose
-collectives also run on mpitrain).
+Everything here runs on mpitrain's runtime.  :func:`init_process_group` also makes torch's
+default process group an mpitrain one (what ``torch.distributed.init_process_group(
+backend="mpitrain")`` gives), so that libraries built on torch.distributed (Hugging Face's
+Trainer and Accelerate, stock DDP) see the real world and communicate through mpitrain too.
 
 ``use_mpitrain`` is AIACC-style feature detection: it is True in this module, meaning that
 collectives issued through it and through the DDP drop-in run on mpitrain's engine, so a script
@@ -45,7 +46,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     Raises:
         ValueError: ``world_size`` or ``rank`` was given and disagrees with MPI.
     """
-    del backend, init_method, timeout, store, group_name, pg_options, device_id
+    del backend, init_method, store, group_name, pg_options, device_id
     runtime.init()
     if world_size not in (-1, None) and int(world_size) != runtime.size():
         raise ValueError(f"init_process_group(world_size={world_size}) disagrees with MPI's "
@@ -53,11 +54,17 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
     if rank not in (-1, None) and int(rank) != runtime.rank():
         raise ValueError(f"init_process_group(rank={rank}) disagrees with MPI's rank "
                          f"{runtime.rank()}; leave it at -1 under mpirun")
+    if torch.distributed.is_available() and not torch.distributed.is_initialized():
+        # Collective, like this whole call; the world size was checked against MPI by init().
+        kwargs = {} if timeout is None else {"timeout": timeout}
+        torch.distributed.init_process_group(backend="mpitrain", **kwargs)
 
 
 def destroy_process_group(group: Any = None) -> None:
-    """Shut mpitrain down (collective; requests still in flight fail)."""
+    """Destroy torch's default process group, then shut mpitrain down (collective)."""
     del group
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
     runtime.shutdown()
 
 

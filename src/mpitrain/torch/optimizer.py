@@ -125,6 +125,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                                                 for p in all_params}
         self._requires_update: list[torch.Tensor] = []
         self._synchronized = False
+        self._synchronized_for_scaler = False
         self._should_synchronize = True
         self._hooks: list[Any] = []
         self._group_of: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
@@ -189,6 +190,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     # ------------------------------------------------------------------ backward side
     def _on_gradient(self, p: torch.Tensor) -> None:
+        # A new backward pass: an earlier synchronize() no longer covers these gradients (a
+        # GradScaler that found inf/NaN skips step(), which would otherwise reset this).
+        self._synchronized = self._synchronized_for_scaler = False
         if self._delay[p] <= 0:
             raise OptimizerUsageError(
                 "Gradients were computed more than backward_passes_per_step times before "
@@ -313,6 +317,16 @@ class _DistributedOptimizer(torch.optim.Optimizer):
             return  # reduced in place
         p.grad.copy_(self._compression.decompress(output, ctx))
 
+    def _finish_reductions_before_unscale(self) -> None:
+        """GradScaler is about to read the gradients: make them final first (see torch/amp.py).
+
+        Collective, like ``synchronize()``; nothing to do if the user synchronized already or
+        steps inside ``skip_synchronize()``.
+        """
+        if self._should_synchronize and not self._synchronized:
+            self.synchronize()
+            self._synchronized_for_scaler = True
+
     @contextlib.contextmanager
     def skip_synchronize(self) -> Iterator[None]:
         """Within this block ``step()`` does not synchronize (call ``synchronize()`` first).
@@ -328,7 +342,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
 
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
         """Wait for the averaged gradients (unless skipped), then take the wrapped step."""
-        if self._should_synchronize:
+        if self._synchronized_for_scaler:
+            pass  # GradScaler.unscale_ had the gradients averaged already: no second round
+        elif self._should_synchronize:
             if self._synchronized:
                 warnings.warn("optimizer.step() called without optimizer.skip_synchronize() "
                               "context after optimizer.synchronize(). This can cause training "
@@ -337,6 +353,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                               "optimizer.synchronize() in your code.", stacklevel=2)
             self.synchronize()
         self._synchronized = False
+        self._synchronized_for_scaler = False
         return super().step(closure)
 
     # The wrapped class's step already runs torch's step hooks and profiling; marking ours as

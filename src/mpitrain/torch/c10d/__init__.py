@@ -71,7 +71,9 @@ def _create(opts: Any, backend_options: Any = None) -> ProcessGroupMpitrain:
 def register() -> None:
     """Register the "mpitrain" backend with torch.distributed (idempotent, communicates nothing)."""
     if not hasattr(dist.Backend, BACKEND_NAME.upper()):
-        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=["cpu"])
+        # CUDA tensors go through the engine's device path (staged or CUDA-aware MPI).
+        dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True,
+                                      devices=["cpu", "cuda"])
     rendezvous.install()
 
 

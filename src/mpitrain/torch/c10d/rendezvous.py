@@ -72,6 +72,10 @@ def _store(rank: int, size: int, timeout: datetime.timedelta) -> dist.Store:
         where = (socket.gethostname(), int(server.port))
     host, free_port = collectives.broadcast_object(where, root_rank=0,
                                                    name="c10d.rendezvous.store")
+    # Where the store is, for libraries that read it (Accelerate insists on MASTER_ADDR when
+    # a job spans several hosts) and for groups torch builds later from env://.
+    os.environ.setdefault("MASTER_ADDR", host)
+    os.environ.setdefault("MASTER_PORT", str(free_port))
     if server is not None:
         return server
     # Rank 0 on this very machine: the loopback address needs no name resolution.

@@ -1,0 +1,68 @@
+"""Tell torch.distributed-based libraries what MPI knows: the job's layout in the environment.
+
+Hugging Face's Trainer and Accelerate, Lightning and torchrun-style scripts decide whether a run
+is distributed, and how to split the data, from ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and
+``LOCAL_WORLD_SIZE``; ``mpirun`` sets none of them, so under mpirun those libraries used to see
+a world of one and train one model per rank without a word.  Once ``init()`` knows the job,
+:func:`export` writes MPI's numbers there.
+
+On a machine without a GPU, Accelerate only treats a run as distributed when told to use the
+CPU (what ``accelerate launch --cpu`` does through ``ACCELERATE_USE_CPU``); without it a CPU job
+under mpirun trains separate replicas.  :func:`export` sets it too, unless the user did.
+
+Nothing here imports torch: :func:`check_torch_world` looks at torch.distributed only if the
+program has imported it already.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+LAYOUT_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+
+
+def export(rank: int, size: int, local_rank: int, local_size: int, has_gpu: bool) -> None:
+    """Write the job's layout where libraries look for it (see the module docstring).
+
+    Raises:
+        ValueError: one of the variables is already set to a value MPI contradicts (it came
+            from another launcher, or by hand, and training would split the data wrongly).
+    """
+    values = dict(zip(LAYOUT_VARIABLES, (rank, size, local_rank, local_size)))
+    for name, value in values.items():
+        given = os.environ.get(name)
+        if given not in (None, "") and given.strip() != str(value):
+            raise ValueError(
+                f"{name}={given} is set in the environment, but MPI says {name} is {value}. "
+                f"Libraries such as Hugging Face Trainer would split the data by {name}={given}; "
+                f"unset it (mpirun needs no {name}) or launch with the number MPI sees.")
+    for name, value in values.items():
+        os.environ[name] = str(value)
+    if size > 1 and not has_gpu:
+        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+
+
+def check_torch_world(size: int) -> None:
+    """Refuse a torch.distributed default group whose world differs from MPI's.
+
+    A default group of another size (created with a hand-set ``WORLD_SIZE``, or by a launcher
+    that started fewer processes than MPI sees) would make DDP average over the wrong ranks,
+    or over none.
+
+    Raises:
+        ValueError: torch.distributed is initialised with a world size other than ``size``.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return
+    torch_size = dist.get_world_size()
+    if torch_size != size:
+        raise ValueError(
+            f"torch.distributed is initialised with world size {torch_size}, but MPI runs "
+            f"{size} processes: models would train apart.  Initialise torch.distributed after "
+            "mpitrain, from MPI: torch.distributed.init_process_group('mpitrain') (or "
+            "mpitrain.torch.distributed.init_process_group()), and leave WORLD_SIZE/RANK unset.")
+
+
+__all__ = ["LAYOUT_VARIABLES", "check_torch_world", "export"]
