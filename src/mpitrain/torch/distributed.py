@@ -56,8 +56,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
                          f"{runtime.rank()}; leave it at -1 under mpirun")
     if torch.distributed.is_available() and not torch.distributed.is_initialized():
         # Collective, like this whole call; the world size was checked against MPI by init().
-        kwargs = {} if timeout is None else {"timeout": timeout}
-        torch.distributed.init_process_group(backend="mpitrain", **kwargs)
+        torch.distributed.init_process_group(backend="mpitrain", timeout=timeout)
 
 
 def destroy_process_group(group: Any = None) -> None:
