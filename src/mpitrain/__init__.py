@@ -47,9 +47,11 @@ from .errors import HorovodInternalError, MpitrainInternalError
 from .ops.types import ReduceOp
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .runtime import (
+    ccl_built,
     cross_rank,
     cross_size,
     cuda_built,
+    ddl_built,
     gloo_built,
     gloo_enabled,
     init,
@@ -119,9 +121,11 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "ccl_built",
     "cross_rank",
     "cross_size",
     "cuda_built",
+    "ddl_built",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
