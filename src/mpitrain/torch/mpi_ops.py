@@ -245,7 +245,7 @@ class _Reducescatter(torch.autograd.Function):
                 post: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.op = op
         ctx.process_set = process_set
-        return C.synchronize(C.reducescatter_async(tensor, name, op, pre, post, process_set))
+        return C.synchronize(C.reducescatter_async(tensor, name, op, process_set, pre, post))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -262,7 +262,7 @@ class _GroupedReducescatter(torch.autograd.Function):
                 process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.op = op
         ctx.process_set = process_set
-        handle = C.grouped_reducescatter_async(list(tensors), name, op, pre, post, process_set)
+        handle = C.grouped_reducescatter_async(list(tensors), name, op, process_set, pre, post)
         return tuple(C.synchronize(handle))
 
     @staticmethod
@@ -275,24 +275,35 @@ class _GroupedReducescatter(torch.autograd.Function):
         return (None, None, None, None, None, *gathered)
 
 
-def reducescatter(tensor: Any, name: str | None = None, op: Any = ReduceOp.AVERAGE,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                  process_set: ProcessSet = global_process_set) -> Any:
-    """Reduce across ranks and keep this rank's block of rows; differentiable."""
+def reducescatter(tensor: Any, name: str | None = None,
+                  compression: type[Compressor] = Compression.none, op: Any = ReduceOp.AVERAGE,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> Any:
+    """Reduce across ranks and keep this rank's block of rows; differentiable.
+
+    Parameters in Horovod's order; see :func:`mpitrain.collectives.reducescatter`.
+    """
     if not _differentiable(tensor):
-        return C.reducescatter(tensor, name, op, prescale_factor, postscale_factor, process_set)
-    return _Reducescatter.apply(tensor, name, C._resolve_op(op, None), prescale_factor,
-                                postscale_factor, process_set)
+        return C.reducescatter(tensor, name, compression, op, process_set, prescale_factor,
+                               postscale_factor)
+    compressed, ctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, C._resolve_op(op, None), prescale_factor,
+                               postscale_factor, process_set)
+    return compression.decompress(out, ctx)
 
 
 def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
-                          op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0,
-                          process_set: ProcessSet = global_process_set) -> list[Any]:
+                          compression: type[Compressor] = Compression.none,
+                          op: Any = ReduceOp.AVERAGE, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[Any]:
     """Reducescatter each tensor of a list as one request; differentiable."""
     tensors = C._as_list(tensors)
     if not _differentiable(*tensors):
-        return C.grouped_reducescatter(tensors, name, op, prescale_factor, postscale_factor,
-                                       process_set)
-    return list(_GroupedReducescatter.apply(name, C._resolve_op(op, None), prescale_factor,
-                                            postscale_factor, process_set, *tensors))
+        return C.grouped_reducescatter(tensors, name, compression, op, process_set,
+                                       prescale_factor, postscale_factor)
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedReducescatter.apply(name, C._resolve_op(op, None), prescale_factor,
+                                       postscale_factor, process_set, *[p[0] for p in pairs])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+
