@@ -79,6 +79,7 @@ from .torch.mpi_ops import (
     grouped_allreduce,
     grouped_reducescatter,
     reducescatter,
+    sparse_allreduce_async,
 )
 from .torch.optimizer import DistributedOptimizer, OptimizerUsageError
 from .torch.sampler import DistributedSampler
@@ -158,6 +159,7 @@ __all__ = [
     "save_checkpoint",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

@@ -12,7 +12,7 @@ numpy arrays and tensors without grad take the plain path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -307,3 +307,55 @@ def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
                                        postscale_factor, process_set, *[p[0] for p in pairs])
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
+
+# ------------------------------------------------------------------------ sparse allreduce
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: Any = None,
+                           process_set: ProcessSet = global_process_set
+                           ) -> Callable[[], torch.Tensor]:
+    """Start summing (or averaging) a sparse COO tensor across the process set.
+
+    Every rank's indices and values are allgathered (two named requests, ``<name>.indices``
+    and ``<name>.values``; unnamed ones are numbered in order like any collective), so the
+    cost grows with the non-zeros, not with the dense size.  As in Horovod, the result is
+    not a handle but a function: call it to wait and get the reduced sparse tensor
+    (coalesced: entries at the same index are summed).
+
+    Args:
+        tensor: a sparse COO tensor (e.g. an embedding's gradient); the same dense shape on
+            every rank, any number of non-zeros.
+        name: base name of the two requests.
+        op: ``Average`` (the default, as for allreduce) or ``Sum``.
+        process_set: the ranks taking part (default: all).
+
+    Raises:
+        TypeError: ``tensor`` is not a sparse COO tensor.
+        ValueError: ``op`` is neither Average nor Sum.
+
+    Warning:
+        Collective: every rank of ``process_set`` must call it, in the same order.
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise TypeError(f"sparse_allreduce_async takes a sparse COO tensor, got "
+                        f"{tensor.layout if isinstance(tensor, torch.Tensor) else type(tensor)}")
+    reduce_op = C._resolve_op(op, None)
+    if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(f"sparse_allreduce_async supports op=Average or Sum, got "
+                         f"{reduce_op.name.title()}")
+    t = tensor if tensor.is_coalesced() else tensor.coalesce()
+    # allgather concatenates along dim 0, so indices travel as (nnz, sparse_dim).
+    indices_h = C.allgather_async(t.indices().t().contiguous(),
+                                  name=None if name is None else f"{name}.indices",
+                                  process_set=process_set)
+    values_h = C.allgather_async(t.values().contiguous(),
+                                 name=None if name is None else f"{name}.values",
+                                 process_set=process_set)
+
+    def result() -> torch.Tensor:
+        values = C.synchronize(values_h)
+        indices = C.synchronize(indices_h)
+        if reduce_op == ReduceOp.AVERAGE:
+            values = values / _set_size(process_set)
+        return torch.sparse_coo_tensor(indices.t(), values, t.size(),
+                                       check_invariants=False).coalesce()
+
+    return result
