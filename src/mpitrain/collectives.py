@@ -534,14 +534,27 @@ def synchronize(handle: Handle) -> Any:
 
 
 # ------------------------------------------------------------------------------ objects
+def _dumps(obj: Any) -> np.ndarray:
+    """``obj`` as bytes: with cloudpickle when it is installed, as Horovod (which requires it)
+    does, so lambdas and functions defined in the script travel too; plain pickle otherwise.
+    Either output is read back with ``pickle.loads``."""
+    try:
+        import cloudpickle
+    except ImportError:
+        data = pickle.dumps(obj)
+    else:
+        data = cloudpickle.dumps(obj)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
-    """Return ``root_rank``'s ``obj`` on every rank (pickled; any picklable object)."""
+    """Return ``root_rank``'s ``obj`` on every rank (pickled; see :func:`_dumps`)."""
     set_id = _set_of(process_set)
     base = name or _engine().next_name(set_id, Kind.BROADCAST) + ".object"
     me = _engine().process_set(set_id).rank
     is_root = me == _set_rank(process_set, root_rank)
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if is_root else None
+    payload = _dumps(obj) if is_root else None
     length = np.array([payload.size if payload is not None else 0], dtype=np.int64)
     broadcast_(length, root_rank, name=base + ".size", process_set=process_set)
     data = payload.copy() if payload is not None else np.empty(int(length[0]), dtype=np.uint8)
@@ -554,7 +567,7 @@ def allgather_object(obj: Any, name: str | None = None,
     """Return a list of every rank's ``obj``, in rank order."""
     set_id = _set_of(process_set)
     base = name or _engine().next_name(set_id, Kind.ALLGATHER) + ".object"
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    payload = _dumps(obj)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name=base + ".sizes",
                       process_set=process_set)
     data = allgather(payload.copy(), name=base + ".data", process_set=process_set)

@@ -1,7 +1,8 @@
 """Horovod behaviours the parity audit (issue 13) found missing or different, each as Horovod's
 own scripts and tests use them: sparse_allreduce_async, broadcast_optimizer_state on a fresh
 optimizer with frozen parameters, SparseAdam under DistributedOptimizer(sparse_as_dense=True),
-alltoall's ValueError for non-integer splits, and reducescatter's parameter order.
+alltoall's ValueError for non-integer splits, reducescatter's parameter order, and
+broadcast_object/allgather_object carrying functions (Horovod pickles with cloudpickle).
 
 The names and signatures themselves are checked without MPI in tests/unit/test_horovod_parity.py.
 """
@@ -23,7 +24,7 @@ def _sparse_of(rank: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(rank)
     rows = torch.randint(0, ROWS, (rank + 2,), generator=g)  # repeats included
     values = torch.randn(rank + 2, COLS, generator=g)
-    return torch.sparse_coo_tensor(rows.unsqueeze(0), values, (ROWS, COLS))
+    return torch.sparse_coo_tensor(rows.unsqueeze(0), values, (ROWS, COLS), check_invariants=True)
 
 
 # --------------------------------------------------------------------- sparse_allreduce_async
@@ -173,3 +174,13 @@ def test_reducescatter_with_fp16_compression_keeps_the_dtype(hvd):
     outs = hvd.grouped_reducescatter([x], compression=hvd.Compression.fp16, op=hvd.Average)
     outs[0].sum().backward()
     assert x.grad is not None and x.grad.shape == x.shape
+
+
+# ------------------------------------------------------------------------------- objects
+def test_broadcast_and_allgather_object_carry_functions_like_horovod(hvd):
+    pytest.importorskip("cloudpickle")  # Horovod requires it; mpitrain uses it when present
+    offset = RANK * 10
+    fn = hvd.broadcast_object(lambda x: x + offset, root_rank=0)
+    assert fn(1) == 1  # rank 0's closure, offset 0, on every rank
+    fns = hvd.allgather_object(lambda: offset)
+    assert [f() for f in fns] == [r * 10 for r in range(SIZE)]
