@@ -47,9 +47,11 @@ from .errors import HorovodInternalError, MpitrainInternalError
 from .ops.types import ReduceOp
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .runtime import (
+    ccl_built,
     cross_rank,
     cross_size,
     cuda_built,
+    ddl_built,
     gloo_built,
     gloo_enabled,
     init,
@@ -77,6 +79,7 @@ from .torch.mpi_ops import (
     grouped_allreduce,
     grouped_reducescatter,
     reducescatter,
+    sparse_allreduce_async,
 )
 from .torch.optimizer import DistributedOptimizer, OptimizerUsageError
 from .torch.sampler import DistributedSampler
@@ -119,9 +122,11 @@ __all__ = [
     "broadcast_object",
     "broadcast_optimizer_state",
     "broadcast_parameters",
+    "ccl_built",
     "cross_rank",
     "cross_size",
     "cuda_built",
+    "ddl_built",
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
@@ -154,6 +159,7 @@ __all__ = [
     "save_checkpoint",
     "shutdown",
     "size",
+    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

@@ -359,6 +359,10 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
         splits: rows for each rank (length = set size, non-negative, summing to the first
             dimension); by default the rows are split evenly, which needs divisibility.
 
+    Raises:
+        ValueError: ``splits`` holds non-integers (a float tensor, say), has the wrong
+            length, a negative entry or the wrong sum; or no splits and rows not divisible.
+
     Returns:
         A handle; ``synchronize`` gives ``(output, received_splits)``.
     """
@@ -376,7 +380,9 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
     else:
         raw = splits.tolist() if hasattr(splits, "tolist") else list(splits)
         if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in raw):
-            raise TypeError(f"splits must be integers, got {raw}")
+            # ValueError, not TypeError: Horovod's contract for a splits tensor of the wrong
+            # dtype (its scripts catch ValueError), and it is the value that is wrong.
+            raise ValueError(f"splits must be integers (an int tensor or list), got {raw}")
         split_list = [int(s) for s in raw]
         if len(split_list) != size or any(s < 0 for s in split_list) or sum(split_list) != rows:
             raise ValueError(f"splits={split_list} must have {size} non-negative entries summing "
@@ -431,41 +437,53 @@ def _reducescatter_request(tensors: Sequence[Any], name: str | None, op: Any,
 
 
 def reducescatter_async(tensor: Any, name: str | None = None, op: Any = Average,
-                        prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                        process_set: ProcessSet = global_process_set) -> Handle:
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
     """Start reducing ``tensor`` and scattering the rows: rank i keeps block i.
 
-    With n rows over p ranks the first ``n % p`` ranks get one extra row.
+    With n rows over p ranks the first ``n % p`` ranks get one extra row.  The parameters
+    come in Horovod's order (``process_set`` before the scale factors).
     """
     request, keeps = _reducescatter_request([tensor], name, op, prescale_factor,
                                             postscale_factor, process_set)
     return _submit(request, lambda h: keeps[0][0])
 
 
-def reducescatter(tensor: Any, name: str | None = None, op: Any = Average,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                  process_set: ProcessSet = global_process_set) -> Any:
-    """Reduce ``tensor`` across ranks and return this rank's block of rows."""
-    return synchronize(reducescatter_async(tensor, name, op, prescale_factor, postscale_factor,
-                                           process_set))
+def reducescatter(tensor: Any, name: str | None = None,
+                  compression: type[Compressor] = Compression.none, op: Any = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> Any:
+    """Reduce ``tensor`` across ranks and return this rank's block of rows.
+
+    ``compression`` (e.g. ``Compression.fp16``) shrinks the tensor on the wire and restores
+    its dtype after, as for :func:`allreduce`.
+    """
+    compressed, ctx = compression.compress(tensor)
+    handle = reducescatter_async(compressed, name, op, process_set, prescale_factor,
+                                 postscale_factor)
+    return compression.decompress(synchronize(handle), ctx)
 
 
 def grouped_reducescatter_async(tensors: Sequence[Any], name: str | None = None,
-                                op: Any = Average, prescale_factor: float = 1.0,
-                                postscale_factor: float = 1.0,
-                                process_set: ProcessSet = global_process_set) -> Handle:
+                                op: Any = Average, process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
     """Start a reducescatter of each tensor of a list, negotiated as one request."""
     request, keeps = _reducescatter_request(_as_list(tensors), name, op, prescale_factor,
                                             postscale_factor, process_set)
     return _submit(request, lambda h: [k[0] for k in keeps])
 
 
-def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None, op: Any = Average,
-                          prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                          process_set: ProcessSet = global_process_set) -> list[Any]:
+def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
+                          compression: type[Compressor] = Compression.none, op: Any = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[Any]:
     """Reducescatter each tensor of a list; returns this rank's blocks in order."""
-    return synchronize(grouped_reducescatter_async(tensors, name, op, prescale_factor,
-                                                   postscale_factor, process_set))
+    pairs = [compression.compress(t) for t in _as_list(tensors)]
+    handle = grouped_reducescatter_async([p[0] for p in pairs], name, op, process_set,
+                                         prescale_factor, postscale_factor)
+    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(synchronize(handle), pairs)]
 
 
 # ----------------------------------------------------------------------- barrier and join
@@ -508,20 +526,35 @@ def synchronize(handle: Handle) -> Any:
         MpitrainInternalError: the operation failed on some rank (mismatch, shutdown, stall).
     """
     if not isinstance(handle, Handle):
+        hint = ("; sparse_allreduce_async returns a function: call it for the result"
+                if callable(handle) else "")
         raise TypeError(f"synchronize takes a handle from an *_async call, got "
-                        f"{type(handle).__name__}")
+                        f"{type(handle).__name__}{hint}")
     return handle.wait()
 
 
 # ------------------------------------------------------------------------------ objects
+def _dumps(obj: Any) -> np.ndarray:
+    """``obj`` as bytes: with cloudpickle when it is installed, as Horovod (which requires it)
+    does, so lambdas and functions defined in the script travel too; plain pickle otherwise.
+    Either output is read back with ``pickle.loads``."""
+    try:
+        import cloudpickle
+    except ImportError:
+        data = pickle.dumps(obj)
+    else:
+        data = cloudpickle.dumps(obj)
+    return np.frombuffer(data, dtype=np.uint8)
+
+
 def broadcast_object(obj: Any, root_rank: int = 0, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Any:
-    """Return ``root_rank``'s ``obj`` on every rank (pickled; any picklable object)."""
+    """Return ``root_rank``'s ``obj`` on every rank (pickled; see :func:`_dumps`)."""
     set_id = _set_of(process_set)
     base = name or _engine().next_name(set_id, Kind.BROADCAST) + ".object"
     me = _engine().process_set(set_id).rank
     is_root = me == _set_rank(process_set, root_rank)
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8) if is_root else None
+    payload = _dumps(obj) if is_root else None
     length = np.array([payload.size if payload is not None else 0], dtype=np.int64)
     broadcast_(length, root_rank, name=base + ".size", process_set=process_set)
     data = payload.copy() if payload is not None else np.empty(int(length[0]), dtype=np.uint8)
@@ -534,7 +567,7 @@ def allgather_object(obj: Any, name: str | None = None,
     """Return a list of every rank's ``obj``, in rank order."""
     set_id = _set_of(process_set)
     base = name or _engine().next_name(set_id, Kind.ALLGATHER) + ".object"
-    payload = np.frombuffer(pickle.dumps(obj), dtype=np.uint8)
+    payload = _dumps(obj)
     sizes = allgather(np.array([payload.size], dtype=np.int64), name=base + ".sizes",
                       process_set=process_set)
     data = allgather(payload.copy(), name=base + ".data", process_set=process_set)

@@ -7,7 +7,8 @@ rank in the same order, at init (``init(process_sets=[...])``) or later with
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import numbers
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import runtime
@@ -19,6 +20,9 @@ class ProcessSet:
 
     Args:
         ranks_or_comm: world ranks, or an mpi4py communicator whose members form the set.
+
+    Raises:
+        ValueError: ``ranks_or_comm`` is neither (as in Horovod), or repeats a rank.
     """
 
     def __init__(self, ranks_or_comm: Sequence[int] | Any) -> None:
@@ -28,7 +32,12 @@ class ProcessSet:
             self._comm = ranks_or_comm
             self.ranks: list[int] = []
         else:
-            ranks = [int(r) for r in ranks_or_comm]
+            given: list[Any] = (list(ranks_or_comm) if isinstance(ranks_or_comm, Iterable)
+                                else [None])
+            if any(isinstance(r, bool) or not isinstance(r, numbers.Integral) for r in given):
+                raise ValueError(f"ProcessSet takes a list of integer ranks or an mpi4py "
+                                 f"communicator, got {ranks_or_comm!r}")
+            ranks = [int(r) for r in given]
             if len(set(ranks)) != len(ranks):
                 raise ValueError(f"ProcessSet ranks must be distinct, got {ranks}")
             self.ranks = sorted(ranks)
@@ -44,6 +53,11 @@ class ProcessSet:
             group.Free()
             world_group.Free()
         return self.ranks
+
+    @property
+    def mpi_comm(self) -> Any:
+        """The mpi4py communicator this set was made from, or None (made from ranks)."""
+        return self._comm
 
     def size(self) -> int | None:
         """Number of ranks in the set, or None before it is registered."""

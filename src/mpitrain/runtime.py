@@ -198,14 +198,17 @@ def mpi_threads_supported() -> bool:
 
 
 def mpi_enabled() -> bool:
-    """True: mpitrain always talks MPI at run time."""
-    state()
-    return True
+    """True once init() has run: mpitrain always talks MPI at run time.
+
+    As in Horovod, this is a question, not a rank query: before init() (and after shutdown())
+    the answer is False, not an error.
+    """
+    return _state is not None
 
 
 def gloo_enabled() -> bool:
-    """False: mpitrain has no Gloo controller (Gloo is only a peer in benchmarks)."""
-    state()
+    """False, before init() too: mpitrain has no Gloo controller (Gloo is only a peer in
+    benchmarks)."""
     return False
 
 
@@ -225,6 +228,16 @@ def gloo_built() -> bool:
 
 def nccl_built() -> bool:
     """False: mpitrain reduces on the GPU with its own kernels, not NCCL."""
+    return False
+
+
+def ddl_built() -> bool:
+    """False: mpitrain has no IBM DDL backend."""
+    return False
+
+
+def ccl_built() -> bool:
+    """False: mpitrain does not use Intel oneCCL; its CPU reductions are its own kernels."""
     return False
 
 

@@ -4,8 +4,10 @@ import pytest
 
 import mpitrain as hvd
 
+pytestmark = pytest.mark.timeout(120)
+
 QUERIES = ["rank", "size", "local_rank", "local_size", "cross_rank", "cross_size",
-           "is_homogeneous", "mpi_threads_supported", "mpi_enabled", "gloo_enabled"]
+           "is_homogeneous", "mpi_threads_supported"]
 
 
 @pytest.mark.parametrize("name", QUERIES)
@@ -26,8 +28,26 @@ def test_build_facts_answer_without_init():
     assert hvd.mpi_built() is True
     assert hvd.gloo_built() is False
     assert hvd.nccl_built() is False
+    assert hvd.ddl_built() is False
+    assert hvd.ccl_built() is False
     assert hvd.rocm_built() is False
     assert isinstance(hvd.cuda_built(), bool)
+
+
+def test_controller_questions_answer_false_before_init():
+    # Horovod answers these from its controller state, which before init is "not enabled".
+    assert hvd.mpi_enabled() is False
+    assert hvd.gloo_enabled() is False
+
+
+@pytest.mark.parametrize("face", ["mpitrain", "mpitrain.torch"])
+def test_every_build_fact_of_horovod_is_offered(face):
+    import importlib
+
+    module = importlib.import_module(face)
+    for name in ("mpi_built", "gloo_built", "nccl_built", "ddl_built", "ccl_built",
+                 "cuda_built", "rocm_built"):
+        assert isinstance(getattr(module, name)(), bool), name
 
 
 def test_shutdown_before_init_is_harmless():

@@ -71,6 +71,35 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
         C.synchronize(h)
 
 
+def _sparse_parameter_ids(optimizer: torch.optim.Optimizer,
+                          model: torch.nn.Module | None) -> set[int]:
+    """Parameters whose gradients come out sparse: every one for SparseAdam (it takes nothing
+    else), and those of ``model``'s sparse embeddings."""
+    if isinstance(optimizer, torch.optim.SparseAdam):
+        return {id(p) for group in optimizer.param_groups for p in group["params"]}
+    ids: set[int] = set()
+    for m in model.modules() if model is not None else ():
+        if isinstance(m, (torch.nn.Embedding, torch.nn.EmbeddingBag)) and m.sparse:
+            ids.update(id(p) for p in m.parameters())
+    return ids
+
+
+def _zero_missing_gradients(optimizer: torch.optim.Optimizer,
+                            model: torch.nn.Module | None) -> None:
+    """Give every trainable parameter that has no gradient a zero one, as Horovod leaves them.
+
+    Horovod initialises a fresh optimizer's state with a step on zero gradients and leaves
+    those zeros in ``p.grad``; scripts written for it read ``p.grad`` (or broadcast it) right
+    after.  The zeros are kept here, the step is not (see broadcast_optimizer_state).
+    """
+    sparse = _sparse_parameter_ids(optimizer, model)
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if p.requires_grad and p.grad is None:
+                zero = torch.zeros_like(p)
+                p.grad = zero.to_sparse() if id(p) in sparse else zero
+
+
 def _layout(state: dict[str, Any]) -> list[int]:
     return [len(group["params"]) for group in state["param_groups"]]
 
@@ -81,16 +110,21 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
     """Overwrite every rank's optimizer state and hyper-parameters with ``root_rank``'s.
 
     The whole ``state_dict`` travels: per-parameter state (momentum buffers, Adam moments,
-    step counts) and every param group's scalars (``lr``, ``momentum``, ``betas``, ...).  An
+    step counts) and every param group's scalars (``lr``, ``momentum``, ``betas``, ...);
+    parameters with no state (frozen, or no gradient yet) are simply absent from it.  An
     optimizer whose state is still empty (no step taken) leaves every rank with an empty
     state, without taking a step; Horovod instead takes a zero-gradient step, which moves the
-    parameters of optimizers with weight decay.
+    parameters of optimizers with weight decay and counts a step Adam never took.  As after
+    Horovod's call, every trainable parameter of such a fresh optimizer that has no gradient
+    is given a zero one (sparse for SparseAdam and for ``model``'s sparse embeddings), so
+    code that reads ``p.grad`` next finds a tensor, not None.
 
     Args:
         optimizer: a torch optimizer or a :func:`DistributedOptimizer`.
         root_rank: the world rank whose state wins.
-        model: also broadcast this module's parameters and buffers (the usual pair after
-            creating or loading a model on one rank).
+        model: tells which parameters have sparse gradients (as in Horovod), and also
+            broadcasts this module's parameters and buffers (the usual pair after creating
+            or loading a model on one rank).
         process_set: the ranks taking part (default: all).
 
     Raises:
@@ -108,6 +142,8 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     from .. import runtime
 
+    if not optimizer.state:
+        _zero_missing_gradients(optimizer, model)
     is_root = runtime.rank() == root_rank
     state = broadcast_object(optimizer.state_dict() if is_root else None, root_rank=root_rank,
                              process_set=process_set)

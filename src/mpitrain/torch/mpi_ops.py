@@ -12,7 +12,7 @@ numpy arrays and tensors without grad take the plain path.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -245,7 +245,7 @@ class _Reducescatter(torch.autograd.Function):
                 post: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.op = op
         ctx.process_set = process_set
-        return C.synchronize(C.reducescatter_async(tensor, name, op, pre, post, process_set))
+        return C.synchronize(C.reducescatter_async(tensor, name, op, process_set, pre, post))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -262,7 +262,7 @@ class _GroupedReducescatter(torch.autograd.Function):
                 process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.op = op
         ctx.process_set = process_set
-        handle = C.grouped_reducescatter_async(list(tensors), name, op, pre, post, process_set)
+        handle = C.grouped_reducescatter_async(list(tensors), name, op, process_set, pre, post)
         return tuple(C.synchronize(handle))
 
     @staticmethod
@@ -275,24 +275,87 @@ class _GroupedReducescatter(torch.autograd.Function):
         return (None, None, None, None, None, *gathered)
 
 
-def reducescatter(tensor: Any, name: str | None = None, op: Any = ReduceOp.AVERAGE,
-                  prescale_factor: float = 1.0, postscale_factor: float = 1.0,
-                  process_set: ProcessSet = global_process_set) -> Any:
-    """Reduce across ranks and keep this rank's block of rows; differentiable."""
+def reducescatter(tensor: Any, name: str | None = None,
+                  compression: type[Compressor] = Compression.none, op: Any = ReduceOp.AVERAGE,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> Any:
+    """Reduce across ranks and keep this rank's block of rows; differentiable.
+
+    Parameters in Horovod's order; see :func:`mpitrain.collectives.reducescatter`.
+    """
     if not _differentiable(tensor):
-        return C.reducescatter(tensor, name, op, prescale_factor, postscale_factor, process_set)
-    return _Reducescatter.apply(tensor, name, C._resolve_op(op, None), prescale_factor,
-                                postscale_factor, process_set)
+        return C.reducescatter(tensor, name, compression, op, process_set, prescale_factor,
+                               postscale_factor)
+    compressed, ctx = compression.compress(tensor)
+    out = _Reducescatter.apply(compressed, name, C._resolve_op(op, None), prescale_factor,
+                               postscale_factor, process_set)
+    return compression.decompress(out, ctx)
 
 
 def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
-                          op: Any = ReduceOp.AVERAGE, prescale_factor: float = 1.0,
-                          postscale_factor: float = 1.0,
-                          process_set: ProcessSet = global_process_set) -> list[Any]:
+                          compression: type[Compressor] = Compression.none,
+                          op: Any = ReduceOp.AVERAGE, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[Any]:
     """Reducescatter each tensor of a list as one request; differentiable."""
     tensors = C._as_list(tensors)
     if not _differentiable(*tensors):
-        return C.grouped_reducescatter(tensors, name, op, prescale_factor, postscale_factor,
-                                       process_set)
-    return list(_GroupedReducescatter.apply(name, C._resolve_op(op, None), prescale_factor,
-                                            postscale_factor, process_set, *tensors))
+        return C.grouped_reducescatter(tensors, name, compression, op, process_set,
+                                       prescale_factor, postscale_factor)
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _GroupedReducescatter.apply(name, C._resolve_op(op, None), prescale_factor,
+                                       postscale_factor, process_set, *[p[0] for p in pairs])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+
+
+# ------------------------------------------------------------------------ sparse allreduce
+def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: Any = None,
+                           process_set: ProcessSet = global_process_set
+                           ) -> Callable[[], torch.Tensor]:
+    """Start summing (or averaging) a sparse COO tensor across the process set.
+
+    Every rank's indices and values are allgathered (two named requests, ``<name>.indices``
+    and ``<name>.values``; unnamed ones are numbered in order like any collective), so the
+    cost grows with the non-zeros, not with the dense size.  As in Horovod, the result is
+    not a handle but a function: call it to wait and get the reduced sparse tensor
+    (coalesced: entries at the same index are summed).
+
+    Args:
+        tensor: a sparse COO tensor (e.g. an embedding's gradient); the same dense shape on
+            every rank, any number of non-zeros.
+        name: base name of the two requests.
+        op: ``Average`` (the default, as for allreduce) or ``Sum``.
+        process_set: the ranks taking part (default: all).
+
+    Raises:
+        TypeError: ``tensor`` is not a sparse COO tensor.
+        ValueError: ``op`` is neither Average nor Sum.
+
+    Warning:
+        Collective: every rank of ``process_set`` must call it, in the same order.
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise TypeError(f"sparse_allreduce_async takes a sparse COO tensor, got "
+                        f"{tensor.layout if isinstance(tensor, torch.Tensor) else type(tensor)}")
+    reduce_op = C._resolve_op(op, None)
+    if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(f"sparse_allreduce_async supports op=Average or Sum, got "
+                         f"{reduce_op.name.title()}")
+    t = tensor if tensor.is_coalesced() else tensor.coalesce()
+    # allgather concatenates along dim 0, so indices travel as (nnz, sparse_dim).
+    indices_h = C.allgather_async(t.indices().t().contiguous(),
+                                  name=None if name is None else f"{name}.indices",
+                                  process_set=process_set)
+    values_h = C.allgather_async(t.values().contiguous(),
+                                 name=None if name is None else f"{name}.values",
+                                 process_set=process_set)
+
+    def result() -> torch.Tensor:
+        values = C.synchronize(values_h)
+        indices = C.synchronize(indices_h)
+        if reduce_op == ReduceOp.AVERAGE:
+            values = values / _set_size(process_set)
+        return torch.sparse_coo_tensor(indices.t(), values, t.size(),
+                                       check_invariants=False).coalesce()
+
+    return result

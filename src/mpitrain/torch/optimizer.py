@@ -40,6 +40,7 @@ from ..engine.request import Handle
 from ..ops.types import ReduceOp
 from ..process_sets import ProcessSet, _set_of, global_process_set
 from . import flat_buckets
+from .mpi_ops import sparse_allreduce_async
 
 
 class OptimizerUsageError(RuntimeError, AssertionError):
@@ -48,28 +49,6 @@ class OptimizerUsageError(RuntimeError, AssertionError):
 
 Key = Any  # a parameter, or a tuple of parameters (a group)
 Pending = tuple[Any, Any]  # (handle, or a callable for sparse results; compression context)
-
-
-def _sparse_allreduce_async(grad: torch.Tensor, name: str, op: ReduceOp,
-                            process_set: ProcessSet) -> Callable[[], torch.Tensor]:
-    """Sum (or average) a sparse gradient by gathering every rank's indices and values."""
-    t = grad.coalesce() if not grad.is_coalesced() else grad
-    # allgather concatenates along dim 0, so indices travel as (nnz, sparse_dim).
-    indices_h = C.allgather_async(t.indices().t().contiguous(), name=f"{name}.indices",
-                                  process_set=process_set)
-    values_h = C.allgather_async(t.values().contiguous(), name=f"{name}.values",
-                                 process_set=process_set)
-
-    def result() -> torch.Tensor:
-        values = C.synchronize(values_h)
-        indices = C.synchronize(indices_h)
-        if op == ReduceOp.AVERAGE:
-            values = values / len(runtime.state().engine.process_set(
-                _set_of(process_set)).world_ranks)
-        return torch.sparse_coo_tensor(indices.t(), values, t.size(),
-                                       check_invariants=False).coalesce()
-
-    return result
 
 
 def _lives_in(grad: torch.Tensor, view: torch.Tensor) -> bool:
@@ -121,6 +100,10 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
         self._handles: dict[Key, Pending] = {}
+        # Sparse gradients reduced densely (sparse_as_dense, or in a group): made sparse again
+        # after the reduction, as Horovod does, so that SparseAdam and the like can step.
+        # (parameter -> its gradient's sparse_dim, so rows stay rows for an embedding)
+        self._densified: dict[torch.Tensor, int] = {}
         self._delay: dict[torch.Tensor, int] = {p: backward_passes_per_step
                                                 for p in all_params}
         self._requires_update: list[torch.Tensor] = []
@@ -250,7 +233,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         grad = self._grad_for_reduce(p)
         if grad.is_sparse:
             if not self.sparse_as_dense:
-                return _sparse_allreduce_async(grad, name, self.op, self.process_set), None
+                return sparse_allreduce_async(grad, name, self.op, self.process_set), None
+            self._densified[p] = grad.sparse_dim()
             grad = p.grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
         pre, post = self._scales()
@@ -263,6 +247,7 @@ class _DistributedOptimizer(torch.optim.Optimizer):
         for p in group:
             g = self._grad_for_reduce(p)
             if g.is_sparse:
+                self._densified[p] = g.sparse_dim()
                 g = p.grad = g.to_dense()  # grouped allreduce is dense, as in Horovod
             grads.append(g)
         pairs = [self._compression.compress(g) for g in grads]
@@ -305,8 +290,12 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                         self._write_back(p, out, c)
                 else:
                     self._write_back(key, outputs, ctx)
+            for p, sparse_dim in self._densified.items():
+                assert p.grad is not None
+                p.grad = p.grad.to_sparse(sparse_dim)
         finally:
             self._handles.clear()
+            self._densified.clear()
             for p in self._delay:
                 self._delay[p] = self.backward_passes_per_step
         self._synchronized = True

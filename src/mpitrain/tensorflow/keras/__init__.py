@@ -6,15 +6,34 @@
 ``jit_compile=False`` (the callbacks enforce it): XLA cannot compile mpitrain's collectives.
 """
 
-from ...collectives import Average, Sum, allgather_object, barrier, broadcast_object
+from ...collectives import (
+    Average,
+    Sum,
+    allgather_object,
+    barrier,
+    broadcast_object,
+    start_timeline,
+    stop_timeline,
+)
 from ...compression import Compression
+from ...process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from ...runtime import (
+    ccl_built,
     cross_rank,
     cross_size,
+    cuda_built,
+    ddl_built,
+    gloo_built,
+    gloo_enabled,
     is_initialized,
     local_rank,
     local_size,
+    mpi_built,
+    mpi_enabled,
+    mpi_threads_supported,
+    nccl_built,
     rank,
+    rocm_built,
     shutdown,
     size,
 )
@@ -28,7 +47,9 @@ __all__ = [
     "Average",
     "Compression",
     "DistributedOptimizer",
+    "ProcessSet",
     "Sum",
+    "add_process_set",
     "allgather",
     "allgather_object",
     "allreduce",
@@ -37,13 +58,27 @@ __all__ = [
     "broadcast_object",
     "broadcast_variables",
     "callbacks",
+    "ccl_built",
     "cross_rank",
     "cross_size",
+    "cuda_built",
+    "ddl_built",
+    "global_process_set",
+    "gloo_built",
+    "gloo_enabled",
     "init",
     "is_initialized",
     "local_rank",
     "local_size",
+    "mpi_built",
+    "mpi_enabled",
+    "mpi_threads_supported",
+    "nccl_built",
     "rank",
+    "remove_process_set",
+    "rocm_built",
     "shutdown",
     "size",
+    "start_timeline",
+    "stop_timeline",
 ]
