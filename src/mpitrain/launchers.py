@@ -17,12 +17,14 @@ none of these variables and stays a world of one.
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from .errors import MpitrainInternalError
 
@@ -36,10 +38,12 @@ _SLURM_SPECIAL_STEP_MIN = 0xFFFFFFF0
 class LauncherMismatchError(MpitrainInternalError):
     """A launcher started several processes, but MPI initialised this one alone."""
 
-    def __init__(self, message: str, printed: str | None = None) -> None:
+    def __init__(self, message: str, printed: str | None = None,
+                 headline: str | None = None) -> None:
         super().__init__(message)
         # What an uncaught error prints: the message on the launcher's rank 0, one line elsewhere.
         self.printed = message if printed is None else printed
+        self.headline = headline or message.splitlines()[0]
 
 
 @dataclass(frozen=True)
@@ -82,6 +86,7 @@ class Claim:
     size: int
     rank: int | None
     evidence: tuple[str, ...]  # NAME=VALUE as read
+    in_slurm_step: bool = False  # srun started this process (whatever the claim's launcher)
 
 
 def _int(env: Mapping[str, str], name: str) -> int | None:
@@ -118,6 +123,7 @@ def detect(environ: Mapping[str, str] | None = None) -> Claim | None:
     ``python train.py``.
     """
     env = os.environ if environ is None else environ
+    in_slurm = _in_slurm_task_step(env)
     fallback: Claim | None = None
     for launcher in LAUNCHERS:
         if not _present(launcher, env):
@@ -133,11 +139,11 @@ def detect(environ: Mapping[str, str] | None = None) -> Claim | None:
         if not sizes:
             # Only a rank: above 0 it proves a larger world; an outer launcher may say how large.
             if rank is not None and rank > 0 and fallback is None:
-                fallback = Claim(launcher, name, rank + 1, rank, evidence)
+                fallback = Claim(launcher, name, rank + 1, rank, evidence, in_slurm)
             continue
         # The world size, or failing that a local size; a rank proves at least rank + 1.
         size = max(sizes[0], (rank or 0) + 1)
-        return Claim(launcher, name, size, rank, evidence) if size > 1 else fallback
+        return Claim(launcher, name, size, rank, evidence, in_slurm) if size > 1 else fallback
     return fallback
 
 
@@ -148,41 +154,53 @@ def _command_line(argv: Sequence[str] | None) -> str:
     return text if text and len(text) <= 160 else "python train.py"
 
 
+def library_name(version_text: str) -> str:
+    """"Open MPI v5.0.11" or "MPICH 5.0.2" from MPI_Get_library_version's text."""
+    first = version_text.strip().splitlines()[0] if version_text.strip() else "an MPI library"
+    return " ".join(w for w in first.split(",")[0].split() if w != "Version:")
+
+
 def _advice(claim: Claim, library: str, command: str) -> list[str]:
     n = claim.size
+    name = library_name(library)
     open_mpi = "Open MPI" in library
     mpirun = f"mpirun -np {n} {command}" if open_mpi else f"mpiexec -n {n} {command}"
-    srun_mpi = "pmix" if open_mpi else "pmi2"
     kind = claim.launcher.kind
-    short = " ".join(library.split(",")[0].split())
     why = {
         "torch": "torchrun starts the processes and a TCP store, but not MPI, and mpitrain's "
                  "processes find each other only through MPI.",
         "gloo": "horovodrun without MPI connects processes through Gloo, which mpitrain does "
                 "not use; mpitrain's processes find each other only through MPI.",
-        "slurm": f"srun started the tasks without the PMI wiring that {short} needs to join "
+        "slurm": f"srun started the tasks without the PMI wiring that {name} needs to join "
                  "them (its --mpi= plugin, or the site's default, does not serve that library).",
-        "mpi": f"a launcher only joins processes of its own MPI library, and mpi4py loaded "
-               f"{short}.",
+        "mpi": f"a launcher only joins processes of its own MPI library (or PMI flavour), and "
+               f"mpi4py loaded {name}.",
     }[kind]
     lines = [why, "Each process would train alone on its own copy of the model. Launch with:",
              f"    mpitrainrun -np {n} {command}"]
-    if kind == "slurm":
-        lines.append(f"    srun --mpi={srun_mpi} -n {n} {command}")
-    elif kind == "mpi":
-        lines.append(f"    {mpirun}    (the launcher of the MPI library mpi4py loaded)")
-        lines.append("or build mpi4py against the launcher's MPI: "
-                     "pip install --no-binary=mpi4py mpi4py")
+    if claim.in_slurm_step:
+        lines.append(f"    srun --mpi={'pmix' if open_mpi else 'pmi2'} -n {n} {command}")
     else:
         lines.append(f"    {mpirun}")
+    if kind == "mpi":
+        lines.append("(the launcher must be that of the MPI library mpi4py loaded; or build "
+                     "mpi4py against the launcher's MPI: pip install --no-binary=mpi4py mpi4py)")
     if kind == "torch":
         lines.append("On a platform that only runs torchrun, start one mpitrainrun (or mpirun) "
                      "per job inside the allocation instead (README: Launchers).")
     return lines
 
 
-def explain(claim: Claim, library: str, argv: Sequence[str] | None = None) -> tuple[str, str]:
-    """Return (full message, one-line summary) for a refused world of one."""
+class Explanation(NamedTuple):
+    """The words of a refusal: all of it, one line for ranks > 0, one line for torchrun's report."""
+
+    message: str
+    summary: str
+    headline: str
+
+
+def explain(claim: Claim, library: str, argv: Sequence[str] | None = None) -> Explanation:
+    """Say what was detected, why it cannot work, and the command that does."""
     command = _command_line(argv)
     where = f"rank {claim.rank} of {claim.size}" if claim.rank is not None else \
         f"one of {claim.size} processes"
@@ -191,10 +209,10 @@ def explain(claim: Claim, library: str, argv: Sequence[str] | None = None) -> tu
             f"is {where} for the launcher and rank 0 of 1 for MPI.")
     tail = f"To run each process alone on purpose, set {ALLOW_VARIABLE}=1."
     message = "\n".join([head, *_advice(claim, library, command), tail])
-    summary = (f"mpitrain: {claim.name} started {claim.size} processes but MPI sees a world of "
-               f"one ({where}); refused, see rank 0's message. "
-               f"Launch with: mpitrainrun -np {claim.size} {command}")
-    return message, summary
+    fix = f"Launch with: mpitrainrun -np {claim.size} {command}"
+    seen = f"mpitrain: {claim.name} started {claim.size} processes but MPI sees a world of one"
+    return Explanation(message, f"{seen} ({where}); refused, see rank 0's message. {fix}",
+                       f"{seen}; refused. {fix}")
 
 
 def check_world(mpi_world_size: int, allow_singleton: bool, library: str,
@@ -215,9 +233,11 @@ def check_world(mpi_world_size: int, allow_singleton: bool, library: str,
     claim = detect(environ)
     if claim is None:
         return
-    message, summary = explain(claim, library, argv)
+    words = explain(claim, library, argv)
     _print_without_traceback()
-    raise LauncherMismatchError(message, summary if claim.rank not in (None, 0) else None)
+    raise LauncherMismatchError(words.message,
+                                words.summary if claim.rank not in (None, 0) else None,
+                                words.headline)
 
 
 _hook_installed = False
@@ -236,7 +256,26 @@ def _print_without_traceback() -> None:
         if isinstance(exc, LauncherMismatchError):
             sys.stderr.write(exc.printed + "\n")
             sys.stderr.flush()
+            _report_to_torchrun(exc.headline)
             return
         previous(exc_type, exc, tb)
 
     sys.excepthook = hook
+
+
+def _report_to_torchrun(headline: str) -> None:
+    """Leave the reason where torchrun's failure summary looks for it.
+
+    torchrun's agent reads a JSON reply file named by TORCHELASTIC_ERROR_FILE (``{"message":
+    str, "timestamp": int}`` is one of the shapes it accepts) and prints the message as the root
+    cause; without one its summary says only "To enable traceback see: ...".  An existing file
+    was written by torch's own handler and is left alone.
+    """
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not path or os.path.exists(path):
+        return
+    try:
+        with open(path, "w") as f:
+            json.dump({"message": headline, "timestamp": int(time.time())}, f)
+    except OSError:
+        pass  # the message is on stderr already

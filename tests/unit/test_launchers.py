@@ -105,12 +105,12 @@ def test_other_ranks_print_one_line():
 @pytest.mark.parametrize(("library", "plugin", "mpirun"),
                          [(OPEN_MPI, "pmix", "mpirun -np 2"), (MPICH, "pmi2", "mpiexec -n 2")])
 def test_slurm_advice_follows_the_library(library, plugin, mpirun):
-    message, _ = launchers.explain(launchers.detect(SLURM_STEP), library, ["python", "t.py"])
+    message = launchers.explain(launchers.detect(SLURM_STEP), library, ["python", "t.py"]).message
     assert f"srun --mpi={plugin} -n 2 python t.py" in message
-    message, _ = launchers.explain(launchers.detect({"PMI_SIZE": "2", "PMI_RANK": "0"}),
-                                   library, ["python", "t.py"])
+    message = launchers.explain(launchers.detect({"PMI_SIZE": "2", "PMI_RANK": "0"}),
+                                library, ["python", "t.py"]).message
     assert f"{mpirun} python t.py" in message
-    assert f"mpi4py loaded {library.split(',')[0].split()[0]}" in message
+    assert f"mpi4py loaded {launchers.library_name(library)}." in message
 
 
 def test_a_real_world_or_the_opt_out_pass():
@@ -125,6 +125,38 @@ def test_opt_out_is_a_documented_setting():
 
 
 def test_long_commands_are_shortened():
-    message, _ = launchers.explain(launchers.detect(TORCHRUN), OPEN_MPI,
-                                   ["python", "-c", "x = 1;" * 100])
+    message = launchers.explain(launchers.detect(TORCHRUN), OPEN_MPI,
+                                ["python", "-c", "x = 1;" * 100]).message
     assert "mpitrainrun -np 2 python train.py" in message
+
+
+def test_srun_with_the_wrong_pmi_plugin_points_to_the_right_one():
+    # srun --mpi=pmi2 with Open MPI: the PMI variables decide, the advice stays srun's.
+    env = {**SLURM_STEP, "PMI_SIZE": "2", "PMI_RANK": "0", "PMI_FD": "5"}
+    claim = launchers.detect(env)
+    assert claim is not None and claim.launcher.kind == "mpi" and claim.in_slurm_step
+    message = launchers.explain(claim, OPEN_MPI, ["python", "t.py"]).message
+    assert "srun --mpi=pmix -n 2 python t.py" in message
+    assert "mpirun -np 2" not in message
+
+
+def test_library_names_are_short():
+    assert launchers.library_name(OPEN_MPI) == "Open MPI v5.0.11"
+    assert launchers.library_name(MPICH + "\nMPICH Release date: ...") == "MPICH 4.2.0"
+    assert launchers.library_name("") == "an MPI library"
+
+
+def test_torchrun_summary_gets_the_reason(tmp_path, monkeypatch):
+    import json
+
+    with pytest.raises(launchers.LauncherMismatchError) as info:
+        launchers.check_world(1, False, OPEN_MPI, environ=TORCHRUN, argv=["python", "t.py"])
+    assert info.value.headline == ("mpitrain: torchrun started 2 processes but MPI sees a world "
+                                   "of one; refused. Launch with: mpitrainrun -np 2 python t.py")
+    reply = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(reply))
+    launchers._report_to_torchrun(info.value.headline)
+    assert json.loads(reply.read_text())["message"] == info.value.headline
+    reply.write_text("{}")  # torch's own handler wrote first: left alone
+    launchers._report_to_torchrun("other")
+    assert reply.read_text() == "{}"
