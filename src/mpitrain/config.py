@@ -114,6 +114,7 @@ class Config:
     set_cpu_threads: bool = True
     abort_on_error: bool = True
     log_level: str = "WARNING"
+    allow_singleton: bool = False
 
 
 VARIABLES: tuple[Variable, ...] = (
@@ -164,6 +165,10 @@ VARIABLES: tuple[Variable, ...] = (
              "An uncaught exception on any rank aborts the whole job, naming the rank."),
     Variable("log_level", "MPITRAIN_LOG_LEVEL", _parse_log_level,
              "TRACE|DEBUG|INFO|WARNING|ERROR|FATAL.", ("HOROVOD_LOG_LEVEL",)),
+    Variable("allow_singleton", "MPITRAIN_ALLOW_SINGLETON", _parse_bool,
+             "Run as a world of one even when the launcher (torchrun, srun without PMI, another "
+             "MPI's mpirun) says it started more processes; each then trains alone. Off: init() "
+             "refuses such a job on every process."),
 )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _mpi, binding, job_env, topology
+from . import _mpi, binding, job_env, launchers, topology
 from . import config as config_module
 from .errors import not_initialized
 from .topology import Communicators, Topology
@@ -86,6 +86,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     Raises:
         ValueError: this process is not part of ``comm``, or the rank list is malformed.
         TypeError: ``comm`` is neither a communicator nor a list of ranks.
+        mpitrain.launchers.LauncherMismatchError: a launcher started several processes but MPI
+            sees a world of one (torchrun, srun without PMI, another MPI's mpirun); see
+            :mod:`mpitrain.launchers`.
     """
     global _state, _atexit_registered
     with _lock:
@@ -93,6 +96,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             return
         MPI = _mpi.load()
         cfg = config_module.load()
+        launchers.check_world(MPI.COMM_WORLD.Get_size(), cfg.allow_singleton,
+                              _mpi.library_version())
         job_comm = _resolve_comm(MPI, comm)
         spans_world = job_comm.Get_size() == MPI.COMM_WORLD.Get_size()
         job_env.check_torch_world(job_comm.Get_size())

