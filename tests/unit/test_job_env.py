@@ -1,0 +1,56 @@
+"""job_env: the job's layout exported for torch.distributed-based libraries, and refused when
+something else already claims another one."""
+
+import os
+
+import pytest
+
+from mpitrain import job_env
+
+
+@pytest.fixture
+def clean_env(monkeypatch):
+    for name in (*job_env.LAYOUT_VARIABLES, "ACCELERATE_USE_CPU"):
+        monkeypatch.delenv(name, raising=False)
+    return monkeypatch
+
+
+def test_exports_the_layout_and_cpu_hint(clean_env):
+    job_env.export(3, 4, 1, 2, has_gpu=False)
+    assert [os.environ[n] for n in job_env.LAYOUT_VARIABLES] == ["3", "4", "1", "2"]
+    assert os.environ["ACCELERATE_USE_CPU"] == "true"
+
+
+def test_no_cpu_hint_with_a_gpu_or_alone(clean_env):
+    job_env.export(0, 4, 0, 4, has_gpu=True)
+    assert "ACCELERATE_USE_CPU" not in os.environ
+    for name in job_env.LAYOUT_VARIABLES:
+        clean_env.delenv(name)
+    job_env.export(0, 1, 0, 1, has_gpu=False)
+    assert "ACCELERATE_USE_CPU" not in os.environ
+
+
+def test_user_choice_of_cpu_hint_wins(clean_env):
+    clean_env.setenv("ACCELERATE_USE_CPU", "false")
+    job_env.export(0, 2, 0, 2, has_gpu=False)
+    assert os.environ["ACCELERATE_USE_CPU"] == "false"
+
+
+def test_agreeing_values_are_fine_and_contradicting_ones_named(clean_env):
+    clean_env.setenv("WORLD_SIZE", "4")
+    job_env.export(0, 4, 0, 4, has_gpu=True)
+    clean_env.setenv("RANK", "2")
+    with pytest.raises(ValueError, match=r"RANK=2 .*MPI says RANK is 1"):
+        job_env.export(1, 4, 1, 4, has_gpu=True)
+
+
+def test_torch_world_of_another_size_is_refused():
+    dist = pytest.importorskip("torch.distributed")
+    store = dist.HashStore()
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        job_env.check_torch_world(1)
+        with pytest.raises(ValueError, match="world size 1, but MPI runs 2"):
+            job_env.check_torch_world(2)
+    finally:
+        dist.destroy_process_group()
