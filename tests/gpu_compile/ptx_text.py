@@ -197,3 +197,15 @@ def vector_accesses(ptx: str) -> set[str]:
     """The global load/store opcodes in the loops (e.g. ``ld.global.v4.u32``)."""
     return {i.opcode for i in loop_instructions(ptx)
             if i.opcode.startswith(("ld.global", "st.global"))}
+
+
+def nan_dropping_problems(ptx: str) -> list[str]:
+    """Min/Max must let a NaN through from either input, as numpy.minimum/maximum do: no
+    ``min.f32``/``max.f32`` (they return the other operand), and a NaN test in the loop."""
+    body = loop_instructions(ptx)
+    problems = [f"{i.opcode} drops NaN" for i in body
+                if i.parts[0] in ("min", "max") and i.parts[-1] in FLOAT_TYPES
+                and "NaN" not in i.parts]
+    if not any(i.opcode.startswith("setp.nan") for i in body):
+        problems.append("no NaN test (setp.nan) in the loop")
+    return problems

@@ -3,8 +3,9 @@
 Assembly by ptxas must succeed with no spills, no stack and full occupancy at the launch
 block size; and the PTX must show what the CUDA simulator cannot: float16 stores round to
 nearest even from float32, bfloat16 conversions move bits, float32 kernels do no 64-bit
-arithmetic in their loop, and fused multiply-adds occur only where the docs allow them.  Each
-property is also shown to fail on a deliberately wrong kernel (the negative control).
+arithmetic in their loop, Min/Max let NaN through (numba's min() on a GPU is fminf, which does
+not), and fused multiply-adds occur only where the docs allow them.  Each property is also
+shown to fail on a deliberately wrong kernel (the negative control).
 """
 
 from __future__ import annotations
@@ -175,6 +176,28 @@ def test_fma_check_fails_on_a_product_of_two_loaded_values():
     text = _negative(kernel, "void(float32[::1], float32[::1], float32[::1], int64)")
     assert ptx_text.fmas(text)
     assert ptx_text.fma_problems(text)
+
+
+# ------------------------------------------------------------------------------ Min/Max
+def test_floating_min_and_max_let_nan_through(compiled):
+    checked = 0
+    for kernel, cc, c in _numba_kernels(compiled):
+        if (kernel.family == "combine" and kernel.op in ("MIN", "MAX")
+                and set(kernel.kinds) <= FLOATING_KINDS):
+            assert ptx_text.nan_dropping_problems(c.ptx) == [], (kernel.name, cc)
+            checked += 1
+    assert checked >= 16
+
+
+def test_nan_check_fails_on_python_min():
+    def kernel(a, b, out, n):
+        i = cuda.grid(1)
+        while i < n:
+            out[i] = min(a[i], b[i])  # numba lowers this to fminf on a GPU
+            i += cuda.gridsize(1)
+
+    text = _negative(kernel, "void(float32[::1], float32[::1], float32[::1], int64)")
+    assert "min.f32 drops NaN" in ptx_text.nan_dropping_problems(text)
 
 
 # --------------------------------------------------------------------------------- pack

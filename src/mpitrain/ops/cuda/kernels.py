@@ -141,13 +141,16 @@ def _define_helpers() -> dict[Any, Any]:
     def op_sum(a: Any, b: Any) -> Any:
         return a + b
 
+    # A NaN from either side wins, as in numpy.minimum/maximum (the reference) and the CPU
+    # kernels.  Not min()/max(): Python's keep ``a`` when ``b`` is NaN, and on a GPU numba
+    # lowers them to fminf/fmaxf, which drop NaN from both sides.
     @ops
     def op_min(a: Any, b: Any) -> Any:
-        return min(a, b)
+        return b if b < a or b != b else a
 
     @ops
     def op_max(a: Any, b: Any) -> Any:
-        return max(a, b)
+        return b if b > a or b != b else a
 
     @ops
     def op_prod(a: Any, b: Any) -> Any:
