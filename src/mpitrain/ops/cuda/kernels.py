@@ -1,11 +1,13 @@
 """numba.cuda kernels: elementwise reductions with fused scaling, and fp16/bf16 casts.
 
-The semantics are :mod:`mpitrain.ops.reference`'s (bit for bit in integer types and in the
-simulator; on a GPU, NVVM may fuse a multiply and an add into one FMA, so floating results
-agree to rounding): float16/bfloat16/float32
-accumulate in float32 (float64 in float64), ``prescale`` multiplies each input as it is read,
-``postscale`` the result as it is written; integers reduce in their own width and a scale other
-than 1 multiplies in float64 and truncates toward zero after each step, as the reference does.
+The semantics are :mod:`mpitrain.ops.reference`'s, bit for bit in the simulator and, on a GPU,
+in integer types, Min/Max/Product and casts (NaN payloads aside: a GPU makes its canonical NaN);
+a floating Sum becomes one FMA, ``fma(a, prescale, b * prescale)``, equal to the reference when
+prescale is 1 and within one rounding otherwise (the PTX checks of :mod:`.ptx`'s CI test pin
+this down).  float16/bfloat16/float32 accumulate in float32 (float64 in float64), ``prescale``
+multiplies each input as it is read, ``postscale`` the result as it is written; integers reduce
+in their own width and a scale other than 1 multiplies in float64 and truncates toward zero
+after each step, as the reference does.
 
 A reduction over k buffers is k-1 launches of one two-input kernel (``combine``): the first
 reads two storage buffers, the middle ones update a float32 accumulator, the last narrows into
