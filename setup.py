@@ -23,6 +23,13 @@ TEST = [
     "tqdm>=4.60",
 ]
 
+GPU_COMPILE = [
+    "numba-cuda==0.30.*",
+    "cuda-bindings==12.9.*",
+    "nvidia-cuda-nvrtc-cu12==12.9.*",
+    "nvidia-cuda-nvcc-cu12==12.9.*",
+]
+
 setup(
     name="mpitrain",
     version=_version(),
@@ -55,6 +62,10 @@ setup(
         "tensorflow": ["tensorflow-cpu>=2.16"],
         # Hugging Face's Trainer/Accelerate on mpitrain, and the BERT example.
         "hf": ["transformers>=4.40", "accelerate>=0.30", "tokenizers>=0.15"],
+        # NVIDIA's compilers as wheels, which run without a GPU or driver: CI compiles every
+        # CUDA kernel to PTX and machine code with them (tests/unit/test_cuda_ptx.py).  Pinned
+        # because registers and generated code are checked: a new compiler is a deliberate bump.
+        "gpu-compile": GPU_COMPILE,
         "test": TEST,
     },
     entry_points={

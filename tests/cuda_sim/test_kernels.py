@@ -91,6 +91,21 @@ def test_bfloat16_rounds_to_nearest_even_and_keeps_nan_and_inf():
     assert got[3] == 0x7FC0  # NaN stays a quiet NaN
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+@pytest.mark.parametrize("op", [ReduceOp.MIN, ReduceOp.MAX], ids=lambda o: o.name)
+def test_min_and_max_propagate_nan_from_any_input_like_the_reference(dtype, op):
+    # NaN first, second and third: Python's min/max and the GPU's fminf/fmaxf would drop some.
+    values = [np.full(N, v, dtype=np.float32) for v in (1.0, 2.0, 3.0)]
+    for k, v in enumerate(values):
+        v[k] = np.nan
+    inputs = ([reference.f32_to_bf16(v) for v in values] if dtype == "bfloat16"
+              else [v.astype(dtype) for v in values])
+    for count in (2, 3):
+        got = _run(inputs[:count], dtype, op, 1.0, 1.0)
+        want = reference.reduce(inputs[:count], dtype, op)
+        np.testing.assert_array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8))
+
+
 def test_in_place_output_aliasing_an_input():
     inputs = _inputs("float32", 3, seed=3)
     want = reference.reduce(inputs, "float32", ReduceOp.SUM, 0.25, 2.0)

@@ -1,11 +1,13 @@
 """numba.cuda kernels: elementwise reductions with fused scaling, and fp16/bf16 casts.
 
-The semantics are :mod:`mpitrain.ops.reference`'s (bit for bit in integer types and in the
-simulator; on a GPU, NVVM may fuse a multiply and an add into one FMA, so floating results
-agree to rounding): float16/bfloat16/float32
-accumulate in float32 (float64 in float64), ``prescale`` multiplies each input as it is read,
-``postscale`` the result as it is written; integers reduce in their own width and a scale other
-than 1 multiplies in float64 and truncates toward zero after each step, as the reference does.
+The semantics are :mod:`mpitrain.ops.reference`'s, bit for bit in the simulator and, on a GPU,
+in integer types, Min/Max/Product and casts (NaN payloads aside: a GPU makes its canonical NaN);
+a floating Sum becomes one FMA, ``fma(a, prescale, b * prescale)``, equal to the reference when
+prescale is 1 and within one rounding otherwise (the PTX checks of :mod:`.ptx`'s CI test pin
+this down).  float16/bfloat16/float32 accumulate in float32 (float64 in float64), ``prescale``
+multiplies each input as it is read, ``postscale`` the result as it is written; integers reduce
+in their own width and a scale other than 1 multiplies in float64 and truncates toward zero
+after each step, as the reference does.
 
 A reduction over k buffers is k-1 launches of one two-input kernel (``combine``): the first
 reads two storage buffers, the middle ones update a float32 accumulator, the last narrows into
@@ -16,6 +18,11 @@ The kernel bodies are plain Python that numba's CUDA simulator runs unchanged
 (``NUMBA_ENABLE_CUDASIM=1``), which is how CI tests them without a GPU.  The one primitive the
 simulator lacks, reinterpreting float32 bits (for bfloat16), is chosen at import: libdevice on a
 GPU, a numpy view in the simulator.
+
+The load/store/op helpers are :func:`.helpers.device_helper` functions rather than
+``cuda.jit(device=True)`` dispatchers, so every kernel here also compiles ahead of time for an
+explicit compute capability with no GPU or driver (``numba.cuda.compile_ptx(..., cc=(9, 0))``);
+:mod:`.ptx` compiles them all that way and CI checks the generated code.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from typing import Any
 import numpy as np
 
 from ..types import FLOATING, STORAGE, ReduceOp
+from .helpers import device_helper
 
 cuda: Any
 try:
@@ -61,11 +69,24 @@ def launch_shape(n: int, threads: int = THREADS, max_blocks: int = MAX_BLOCKS) -
 
 
 # --------------------------------------------------------------- element load/store helpers
-# Each helper is a device function; the factories below pick them in Python by dtype, so every
-# compiled kernel sees only code that types for its arrays.
+# Each helper is a device helper (typed by the rule given, compiled into the calling kernel);
+# the factories below pick them in Python by dtype, so every compiled kernel sees only code that
+# types for its arrays.
+
+def _numba_types() -> Any:
+    _require_numba()
+    from numba import types
+    return types
+
+
+def _same(a: Any, b: Any) -> Any:
+    return a if a == b else None
+
 
 def _define_helpers() -> dict[Any, Any]:
-    device = _require_numba().jit(device=True)
+    types = _numba_types()
+    stores = device_helper(lambda out, i, value, scale: types.none)
+    ops = device_helper(_same)
     if _SIMULATED:
         def bits_to_f32(bits: Any) -> Any:
             return np.array([bits], dtype=np.uint32).view(np.float32)[0]
@@ -81,23 +102,23 @@ def _define_helpers() -> dict[Any, Any]:
         def f32_to_bits(value: Any) -> Any:
             return np.uint32(libdevice.float_as_int(value)) & np.uint32(0xFFFFFFFF)
 
-    bits_to_f32 = device(bits_to_f32)
-    f32_to_bits = device(f32_to_bits)
+    bits_to_f32 = device_helper(lambda bits: types.float32)(bits_to_f32)
+    f32_to_bits = device_helper(lambda value: types.uint32)(f32_to_bits)
 
-    @device
+    @device_helper(lambda a, i, scale: types.float32)
     def load_bf16(a: Any, i: Any, scale: Any) -> Any:
         return bits_to_f32(np.uint32(a[i]) << np.uint32(16)) * np.float32(scale)
 
-    @device
+    @device_helper(lambda a, i, scale: types.float32)
     def load_f32(a: Any, i: Any, scale: Any) -> Any:
         return np.float32(a[i]) * np.float32(scale)
 
-    @device
+    @device_helper(lambda a, i, scale: types.float64)
     def load_f64(a: Any, i: Any, scale: Any) -> Any:
         return np.float64(a[i]) * np.float64(scale)
 
 
-    @device
+    @stores
     def store_bf16(out: Any, i: Any, value: Any, scale: Any) -> None:
         v = np.float32(value) * np.float32(scale)
         if v != v:  # NaN stays a quiet NaN
@@ -105,29 +126,35 @@ def _define_helpers() -> dict[Any, Any]:
             return
         bits = f32_to_bits(v)
         rounding = ((bits >> np.uint32(16)) & np.uint32(1)) + np.uint32(0x7FFF)
-        out[i] = np.uint16(((bits + rounding) & np.uint32(0xFFFFFFFF)) >> np.uint32(16))
+        # numba types uint32 + uint32 as 64-bit: narrowing the sum (not masking it) lets the
+        # add stay 32-bit in PTX; the value is the same (a finite float's bits + 0x8000 at
+        # most never carry out of 32 bits, and the mask dropped the carry anyway).
+        out[i] = np.uint16(np.uint32(bits + rounding) >> np.uint32(16))
 
-    @device
+    @stores
     def store_f32(out: Any, i: Any, value: Any, scale: Any) -> None:
         out[i] = np.float32(value) * np.float32(scale)
 
-    @device
+    @stores
     def store_f64(out: Any, i: Any, value: Any, scale: Any) -> None:
         out[i] = np.float64(value) * np.float64(scale)
 
-    @device
+    @ops
     def op_sum(a: Any, b: Any) -> Any:
         return a + b
 
-    @device
+    # A NaN from either side wins, as in numpy.minimum/maximum (the reference) and the CPU
+    # kernels.  Not min()/max(): Python's keep ``a`` when ``b`` is NaN, and on a GPU numba
+    # lowers them to fminf/fmaxf, which drop NaN from both sides.
+    @ops
     def op_min(a: Any, b: Any) -> Any:
-        return min(a, b)
+        return b if b < a or b != b else a
 
-    @device
+    @ops
     def op_max(a: Any, b: Any) -> Any:
-        return max(a, b)
+        return b if b > a or b != b else a
 
-    @device
+    @ops
     def op_prod(a: Any, b: Any) -> Any:
         return a * b
 
@@ -158,12 +185,12 @@ def _int_helpers(bits: int, signed: bool) -> tuple[Any, Any]:
     """Integer load and store, scaled as the reference scales: in float64, truncated toward
     zero, then wrapped to the storage width (so Min/Max compare what the reference compares
     and stores wrap as C does, on the GPU and in the simulator alike)."""
-    device = _require_numba().jit(device=True)
+    types = _numba_types()
     # Constants numba can type (64-bit values never wrap, so never use them).
     modulus = 1 << bits if bits < 64 else 1
     half = 1 << (bits - 1) if bits < 64 else 0
 
-    @device
+    @device_helper(lambda v: types.int64)
     def wrap(v: Any) -> Any:
         if bits == 64:
             return v
@@ -171,13 +198,13 @@ def _int_helpers(bits: int, signed: bool) -> tuple[Any, Any]:
             return (v + half) % modulus - half
         return v % modulus
 
-    @device
+    @device_helper(lambda a, i, scale: types.int64)
     def load_int(a: Any, i: Any, scale: Any) -> Any:
         if scale == 1.0:
             return np.int64(a[i])
         return wrap(np.int64(np.float64(a[i]) * np.float64(scale)))
 
-    @device
+    @device_helper(lambda out, i, value, scale: types.none)
     def store_int(out: Any, i: Any, value: Any, scale: Any) -> None:
         v = wrap(np.int64(value))
         if scale != 1.0:

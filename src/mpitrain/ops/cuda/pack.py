@@ -104,11 +104,25 @@ def emulate(table: np.ndarray, tensors: Sequence[np.ndarray], fused: np.ndarray,
                 fused[dst:dst + length] = tensors[t][src:src + length]
 
 
+def kernel_source(unit: int) -> tuple[str, str]:
+    """(CUDA C source, entry name) of the kernel moving ``unit``-byte copy units.
+
+    Raises:
+        ValueError: ``unit`` is not one of 1, 2, 4, 8, 16.
+    """
+    if unit not in _UNIT_TYPES:
+        raise ValueError(f"copy unit must be one of {sorted(_UNIT_TYPES)} bytes, got {unit!r}")
+    source = _SOURCE.replace("UNIT", str(unit)).replace("T*", f"{_UNIT_TYPES[unit]}*")
+    return source, f"mpitrain_pack_{unit}"
+
+
+UNITS = tuple(sorted(_UNIT_TYPES))
+
+
 @functools.cache
 def _kernel(unit: int) -> Any:
     cupy = require("the CUDA pack kernel")
-    source = _SOURCE.replace("UNIT", str(unit)).replace("T*", f"{_UNIT_TYPES[unit]}*")
-    return cupy.RawKernel(source, f"mpitrain_pack_{unit}")
+    return cupy.RawKernel(*kernel_source(unit))
 
 
 class Packer:
