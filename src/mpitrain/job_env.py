@@ -21,6 +21,9 @@ import sys
 
 LAYOUT_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
 
+# name -> (the value before export, or None; the value exported), for withdraw().
+_exported: dict[str, tuple[str | None, str]] = {}
+
 
 def export(rank: int, size: int, local_rank: int, local_size: int, has_gpu: bool) -> None:
     """Write the job's layout where libraries look for it (see the module docstring).
@@ -29,6 +32,7 @@ def export(rank: int, size: int, local_rank: int, local_size: int, has_gpu: bool
         ValueError: one of the variables is already set to a value MPI contradicts (it came
             from another launcher, or by hand, and training would split the data wrongly).
     """
+    withdraw()  # what an earlier init() exported is not somebody else's setting
     values = dict(zip(LAYOUT_VARIABLES, (rank, size, local_rank, local_size)))
     for name, value in values.items():
         given = os.environ.get(name)
@@ -37,10 +41,23 @@ def export(rank: int, size: int, local_rank: int, local_size: int, has_gpu: bool
                 f"{name}={given} is set in the environment, but MPI says {name} is {value}. "
                 f"Libraries such as Hugging Face Trainer would split the data by {name}={given}; "
                 f"unset it (mpirun needs no {name}) or launch with the number MPI sees.")
-    for name, value in values.items():
-        os.environ[name] = str(value)
-    if size > 1 and not has_gpu:
-        os.environ.setdefault("ACCELERATE_USE_CPU", "true")
+    exports = {name: str(value) for name, value in values.items()}
+    if size > 1 and not has_gpu and "ACCELERATE_USE_CPU" not in os.environ:
+        exports["ACCELERATE_USE_CPU"] = "true"
+    for name, text in exports.items():
+        _exported[name] = (os.environ.get(name), text)
+        os.environ[name] = text
+
+
+def withdraw() -> None:
+    """Undo :func:`export` (at shutdown): restore each variable it changed, unless changed since."""
+    for name, (before, ours) in list(_exported.items()):
+        if os.environ.get(name) == ours:
+            if before is None:
+                del os.environ[name]
+            else:
+                os.environ[name] = before
+        del _exported[name]
 
 
 def check_torch_world(size: int) -> None:
@@ -65,4 +82,4 @@ def check_torch_world(size: int) -> None:
             "mpitrain.torch.distributed.init_process_group()), and leave WORLD_SIZE/RANK unset.")
 
 
-__all__ = ["LAYOUT_VARIABLES", "check_torch_world", "export"]
+__all__ = ["LAYOUT_VARIABLES", "check_torch_world", "export", "withdraw"]

@@ -146,6 +146,7 @@ def shutdown() -> None:
     finally:
         ps_module.on_shutdown()
         state.comms.free()
+        job_env.withdraw()
 
 
 def is_initialized() -> bool:

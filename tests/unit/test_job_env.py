@@ -54,3 +54,13 @@ def test_torch_world_of_another_size_is_refused():
             job_env.check_torch_world(2)
     finally:
         dist.destroy_process_group()
+
+
+def test_reexport_and_withdraw(clean_env):
+    clean_env.setenv("LOCAL_RANK", "0")
+    job_env.export(1, 2, 0, 2, has_gpu=False)
+    job_env.export(0, 1, 0, 1, has_gpu=False)  # a later init() over a smaller communicator
+    assert os.environ["WORLD_SIZE"] == "1"
+    job_env.withdraw()
+    assert "RANK" not in os.environ and "ACCELERATE_USE_CPU" not in os.environ
+    assert os.environ["LOCAL_RANK"] == "0"  # the user's own value comes back
