@@ -1,10 +1,10 @@
 """Adasum without MPI: the kernels, and the halving/doubling core over threads, against numpy.
 
-The numpy reference is the definition: ranks combine pairwise up a binary tree over rank
-numbers, each tensor with its own dot product and norms, a squared norm below sqrt(DBL_MIN)
-counting as zero.  ``reference_tree(..., work=np.float32)`` rounds the combination to float32
-at every level as the algorithm does, so float32 results must agree to an ulp or two (the
-dot products are summed in another order); float64 results to 1e-12.
+The numpy reference (:func:`mpitrain.ops.reference.adasum`) is the definition: ranks combine
+pairwise up a binary tree over rank numbers, each tensor with its own dot product and norms, a
+squared norm below sqrt(DBL_MIN) counting as zero.  It rounds every combination to float32 as
+the algorithm does, so float32 results must agree to an ulp or two (the dot products are summed
+in another order); float64 results to 1e-12.
 """
 
 from __future__ import annotations
@@ -16,28 +16,10 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mpitrain.ops import adasum
+from mpitrain.ops import adasum, reference
 from mpitrain.ops.kernels import adasum as kernels
 
 pytestmark = pytest.mark.timeout(120)
-
-
-def pair(a: np.ndarray, b: np.ndarray, work: type) -> np.ndarray:
-    """Adasum of two vectors, computed in float64 and rounded to ``work``."""
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    dot, aa, bb = a64 @ b64, a64 @ a64, b64 @ b64
-    ca = 1.0 - dot / aa / 2 if aa >= kernels.TINY_NORM_SQ else 1.0
-    cb = 1.0 - dot / bb / 2 if bb >= kernels.TINY_NORM_SQ else 1.0
-    return (ca * a64 + cb * b64).astype(work)
-
-
-def reference_tree(per_rank: list[list[np.ndarray]], work: type = np.float64) -> list[np.ndarray]:
-    """Adasum of every rank's list of tensors: ((r0 + r1) + (r2 + r3)) + ..., per tensor."""
-    level = [[t.astype(work) for t in tensors] for tensors in per_rank]
-    while len(level) > 1:
-        level = [[pair(a, b, work) for a, b in zip(level[i], level[i + 1])]
-                 for i in range(0, len(level), 2)]
-    return level[0]
 
 
 # ------------------------------------------------------------------------------ kernels
@@ -63,7 +45,7 @@ def test_combine_matches_the_formula(dtype):
     out = a.copy()
     kernels.combine(out, b, bounds, sums)
     np.testing.assert_array_equal(out[20:], a[20:])
-    want = pair(a[:20], b[:20], dtype)
+    want = reference.adasum_pair(a[:20], b[:20])
     np.testing.assert_allclose(out[:20], want, rtol=0, atol=4 * np.finfo(dtype).eps)
 
 
@@ -77,6 +59,10 @@ def test_orthogonal_is_sum_and_parallel_is_average():
     out = a.copy()
     kernels.combine(out, 3 * a, bounds, kernels.dot_and_norms(a, 3 * a, bounds))
     np.testing.assert_allclose(out, 2 * a, rtol=1e-15)  # (a + 3a) / 2
+
+
+def test_the_reference_and_the_kernels_share_the_zero_threshold():
+    assert reference.ADASUM_TINY_NORM_SQ == kernels.TINY_NORM_SQ
 
 
 def test_kernels_reject_mixed_types():
@@ -151,7 +137,7 @@ def test_vhdd_matches_the_tree(size, dtype):
     results = run_threads(inputs, dtype)
     for r in range(1, size):
         np.testing.assert_array_equal(results[r], results[0])  # same bits on every rank
-    want = np.concatenate(reference_tree(inputs, work=dtype))
+    want = np.concatenate(reference.adasum(inputs, np.dtype(dtype).name))
     scale = max(np.abs(np.concatenate(t)).max() for t in inputs)
     tol = 1e-12 * scale if dtype == np.float64 else 4 * np.finfo(np.float32).eps * scale
     np.testing.assert_allclose(results[0], want, rtol=0, atol=tol)

@@ -201,7 +201,7 @@ def _hierarchical(group: Group, w: np.ndarray, tmp: np.ndarray, offsets: np.ndar
     if topo.num_nodes > 1:
         vhdd(_transport(group, True), w, tmp, offsets, lo, hi)
     if topo.local_size > 1:
-        local.Allgatherv(MPI.IN_PLACE, [w, sizes, [a for a, _ in slices]])
+        local.Allgatherv(MPI.IN_PLACE, [w, (sizes, [a for a, _ in slices])])
 
 
 def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
