@@ -237,7 +237,7 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence
         w = recv
         if prescale != 1.0:
             np.multiply(send, work_type.type(prescale), out=w)
-        elif not np.shares_memory(send, recv):
+        elif send.ctypes.data != recv.ctypes.data:
             w[...] = send
     if group.size > 1 and n > 0:
         tmp = group.scratch("adasum.tmp", n * work_type.itemsize).view(work_type)
