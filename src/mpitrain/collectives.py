@@ -26,6 +26,7 @@ from .compression import Compression, Compressor
 from .engine import device
 from .engine.request import Entry, Handle, Kind, Request
 from .errors import MpitrainInternalError
+from .ops.adasum import check_layout
 from .ops.types import ReduceOp, check_reduce_supported
 from .process_sets import ProcessSet, _set_of, global_process_set
 
@@ -55,11 +56,19 @@ def _resolve_op(op: Any, average: bool | None) -> ReduceOp:
     try:
         resolved = ReduceOp(op)
     except ValueError:
-        raise ValueError(f"unknown reduce op {op!r}; use Average, Sum, Min, Max or "
+        raise ValueError(f"unknown reduce op {op!r}; use Average, Sum, Adasum, Min, Max or "
                          "Product") from None
-    if resolved == Adasum:
-        raise ValueError("op=Adasum is not supported by mpitrain; use Average or Sum")
     return resolved
+
+
+def _check_adasum(reduce_op: ReduceOp, set_id: int) -> None:
+    """Adasum needs a power-of-two number of ranks (of nodes, hierarchical): say so now, at
+    the call, rather than fail the collective on every rank."""
+    if reduce_op != Adasum:
+        return
+    group = _engine().process_set(set_id).group
+    if group is not None:
+        check_layout(group.topology, group.config.adasum_hierarchical)
 
 
 def _factor(value: Any, what: str) -> float:
@@ -138,6 +147,7 @@ def _allreduce_request(tensors: Sequence[Any], in_place: bool, name: str | None,
     pre = _factor(prescale_factor, "prescale_factor")
     post = _factor(postscale_factor, "postscale_factor")
     set_id = _set_of(process_set)
+    _check_adasum(reduce_op, set_id)
     entries, outputs = [], []
     for i, t in enumerate(tensors):
         what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
@@ -166,7 +176,9 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
         tensor: a contiguous torch CPU tensor or numpy array.
         average: deprecated; ``True`` means ``op=Average``, ``False`` means ``op=Sum``.
         name: a name unique among requests in flight; unnamed calls are numbered in order.
-        op: Average (default), Sum, Min, Max or Product.
+        op: Average (default), Sum, Min, Max, Product, or Adasum (adaptive summation of
+            floating-point tensors over a power-of-two number of ranks; see
+            :mod:`mpitrain.ops.adasum`).
         prescale_factor: multiplies every input before the reduction.
         postscale_factor: multiplies the result.
         process_set: the ranks taking part (default: all).
@@ -418,6 +430,7 @@ def _reducescatter_request(tensors: Sequence[Any], name: str | None, op: Any,
     pre = _factor(prescale_factor, "prescale_factor")
     post = _factor(postscale_factor, "postscale_factor")
     set_id = _set_of(process_set)
+    _check_adasum(reduce_op, set_id)
     entries, keeps = [], []
     for i, t in enumerate(tensors):
         what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
@@ -442,7 +455,9 @@ def reducescatter_async(tensor: Any, name: str | None = None, op: Any = Average,
     """Start reducing ``tensor`` and scattering the rows: rank i keeps block i.
 
     With n rows over p ranks the first ``n % p`` ranks get one extra row.  The parameters
-    come in Horovod's order (``process_set`` before the scale factors).
+    come in Horovod's order (``process_set`` before the scale factors).  ``op=Adasum``
+    (which Horovod 0.28.1 refuses) gives this rank's block of the Adasum allreduce of the
+    whole tensor.
     """
     request, keeps = _reducescatter_request([tensor], name, op, prescale_factor,
                                             postscale_factor, process_set)

@@ -107,6 +107,7 @@ class Config:
     deadlock_time_seconds: float = 10.0
     allreduce_algorithm: str = "auto"
     hierarchical_allreduce: bool = False
+    adasum_hierarchical: bool = False
     allreduce_streams: int = 1
     local_size: int = 0
     bind_device: bool = True
@@ -147,6 +148,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("hierarchical_allreduce", "MPITRAIN_HIERARCHICAL_ALLREDUCE", _parse_bool,
              "Prefer the hierarchical allreduce across nodes (same as algorithm=hierarchical).",
              ("HOROVOD_HIERARCHICAL_ALLREDUCE",)),
+    Variable("adasum_hierarchical", "MPITRAIN_ADASUM_HIERARCHICAL", _parse_bool,
+             "op=Adasum averages within each node first, then Adasum across nodes (Horovod's "
+             "GPU/NCCL form; scale the learning rate by local_size); default: Adasum over all "
+             "ranks, as Horovod on CPU."),
     Variable("allreduce_streams", "MPITRAIN_ALLREDUCE_STREAMS", _parse_pos_int,
              "Parallel channels a large bucket is split across, each with its own communicator.",
              ("PERSEUS_ALLREDUCE_STREAMS", "HOROVOD_NUM_STREAMS")),

@@ -152,3 +152,20 @@ def test_joined_ranks_contribute_zeros_from_the_device_path(hvd):
         out = hvd.allreduce(x, op=hvd.Sum, name="after.join")
         np.testing.assert_array_equal(np.asarray(out), 3.0)
     assert hvd.join() in range(SIZE)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_adasum_of_device_arrays_is_staged_through_the_host(hvd, dtype):
+    """No device kernels for Adasum: device tensors are reduced on host copies (Horovod without
+    NCCL does the same); each tensor of a grouped call keeps its own dot products."""
+    name = np.dtype(dtype).name
+    sizes = [7, 300]
+    xs = [cupy.asarray(_host(RANK, n, dtype, seed=10 + i) - 1.5) for i, n in enumerate(sizes)]
+    outs = hvd.grouped_allreduce(xs, op=hvd.Adasum, name=f"dev.adasum.{name}")
+    inputs = [[(_host(r, n, dtype, seed=10 + i) - 1.5).astype(dtype) for i, n in
+               enumerate(sizes)] for r in range(SIZE)]
+    for out, want in zip(outs, reference.adasum(inputs, name)):
+        assert isinstance(out, cupy.ndarray) and out.dtype == np.dtype(dtype)
+        tol = 2**-9 if dtype == np.float16 else 1e-5
+        np.testing.assert_allclose(np.asarray(out, np.float64), want.astype(np.float64),
+                                   rtol=0, atol=tol * np.abs(want).max())

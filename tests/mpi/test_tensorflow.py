@@ -82,6 +82,22 @@ def test_collectives(mode):
     np.testing.assert_allclose(root.numpy(), [SIZE + 4] * 2)
 
 
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_adasum_allreduce(mode):
+    from mpitrain import Adasum
+    from mpitrain.ops import reference
+
+    def data(r):
+        return np.random.default_rng(r).normal(size=(5, 3)).astype(np.float32)
+
+    def run():
+        return htf.allreduce(tf.constant(data(RANK)), op=Adasum, name=f"tf.adasum.{mode}")
+
+    got = run() if mode == "eager" else tf.function(run)()
+    want = reference.adasum([[data(r)] for r in range(SIZE)], "float32")[0]
+    np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-6 * np.abs(want).max())
+
+
 def test_collectives_in_a_compat_v1_graph():
     with tf.Graph().as_default():
         x = tf.compat.v1.placeholder(tf.float32, [None])

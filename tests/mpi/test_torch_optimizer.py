@@ -257,8 +257,8 @@ def test_bad_arguments_raise(hvd):
         hvd.DistributedOptimizer(_sgd(model), [p for _, p in named])
     with pytest.raises(ValueError, match="only supported with op=Average"):
         hvd.DistributedOptimizer(_sgd(model), named, op=hvd.Sum, gradient_predivide_factor=2)
-    with pytest.raises(ValueError, match="Adasum"):
-        hvd.DistributedOptimizer(_sgd(model), named, op=hvd.Adasum)
+    with pytest.raises(ValueError, match="only supported with op=Average, got op=Adasum"):
+        hvd.DistributedOptimizer(_sgd(model), named, op=hvd.Adasum, gradient_predivide_factor=2)
     with pytest.raises(ValueError, match="backward_passes_per_step"):
         hvd.DistributedOptimizer(_sgd(model), named, backward_passes_per_step=0)
     with pytest.raises(ValueError, match="groups"):

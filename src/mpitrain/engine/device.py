@@ -90,6 +90,9 @@ class DeviceLayer:
                   requests: Sequence[Any], dtype: str, op: ReduceOp, prescale: float,
                   postscale: float) -> None:
         """Allreduce a bucket of flat device arrays, ordered after its requests' events."""
+        if op == ReduceOp.ADASUM:
+            self._adasum_staged(inputs, outputs, requests, dtype, prescale, postscale)
+            return
         ready, streams = [], []
         seen: set[int] = set()
         for request in requests:
@@ -105,6 +108,26 @@ class DeviceLayer:
         with dg.on_device():  # a joined rank's zeros are uploaded to this rank's GPU
             dg.allreduce([to_device(x) for x in inputs], [to_device(x) for x in outputs],
                          dtype, op, prescale, postscale, ready, streams)
+
+    def _adasum_staged(self, inputs: Sequence[Any], outputs: Sequence[Any],
+                       requests: Sequence[Any], dtype: str, prescale: float,
+                       postscale: float) -> None:
+        """Adasum of device arrays on host copies (no device kernels for it, as in Horovod
+        built without NCCL): packed on the host, reduced by the CPU data plane, copied back."""
+        from ..ops import allreduce as host_allreduce
+
+        for request in requests:
+            for event, _stream in (getattr(request, "ready", None) or ()):
+                event.synchronize()  # the producer's writes, before the download
+        hosts = [to_host(x).reshape(-1) for x in inputs]
+        counts = [h.size for h in hosts]
+        fused = np.concatenate(hosts) if hosts else np.empty(0, dtype=STORAGE[dtype])
+        host_allreduce(self.group, fused, fused, dtype, ReduceOp.ADASUM, prescale, postscale,
+                       counts=counts)
+        offset = 0
+        for out, n in zip(outputs, counts):
+            to_device(out).set(fused[offset:offset + n].reshape(out.shape))
+            offset += n
 
     @contextlib.contextmanager
     def staged(self, entries: Sequence[Any]) -> Iterator[None]:

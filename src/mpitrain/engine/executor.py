@@ -135,12 +135,14 @@ class Executor:
             self._span(bucket, "ALLREDUCE", started, time.monotonic(),
                        {"tensors": len(bucket), "device": "cuda"})
             return
+        # Adasum is not elementwise: it needs each fused tensor's boundaries.
+        counts = [p.input.size for p in bucket] if op == ReduceOp.ADASUM else None
         span = bucket[0].input if len(bucket) == 1 else _adjacent_in_place(bucket)
         if span is not None:
             # One tensor, or in-place pieces lying back to back in one buffer (gradients laid
             # out as views of a flat bucket): reduce where they are, no packing.
             out = bucket[0].output if len(bucket) == 1 else span
-            ops.allreduce(self.group, span, out, dtype, op, pre, post)
+            ops.allreduce(self.group, span, out, dtype, op, pre, post, counts=counts)
             self._span(bucket, "ALLREDUCE", started, time.monotonic(),
                        {"bucket_bytes": int(span.nbytes), "tensors": len(bucket),
                         "packed": False})
@@ -156,7 +158,7 @@ class Executor:
             fused[offset:offset + n] = p.input
             offset += n
         packed = time.monotonic()
-        ops.allreduce(self.group, fused, fused, dtype, op, pre, post)
+        ops.allreduce(self.group, fused, fused, dtype, op, pre, post, counts=counts)
         reduced = time.monotonic()
         offset = 0
         for p in bucket:

@@ -3,10 +3,11 @@
 The engine calls only the functions exported here.  Algorithm choice lives in
 :mod:`mpitrain.ops.collectives`; one module per algorithm: :mod:`.mpi` (MPI's own),
 :mod:`.shm` (single-copy shared memory within a node, over :mod:`.cma`), :mod:`.ring`,
-:mod:`.hierarchical`; :mod:`.channels` splits large buckets across parallel communicators;
-:mod:`.kernels.cpu` holds the numba reductions.
+:mod:`.hierarchical`, :mod:`.adasum`; :mod:`.channels` splits large buckets across parallel
+communicators; :mod:`.kernels.cpu` holds the numba reductions, :mod:`.kernels.adasum` Adasum's.
 """
 
+from .adasum import AdasumLayoutError, check_layout
 from .collectives import (
     allgather,
     allgather_int,
@@ -21,6 +22,7 @@ from .group import Group
 from .types import FLOATING, INTEGER, STORAGE, ReduceOp, check_reduce_supported, itemsize
 
 __all__ = [
+    "AdasumLayoutError",
     "FLOATING",
     "INTEGER",
     "STORAGE",
@@ -33,6 +35,7 @@ __all__ = [
     "alltoall_int",
     "barrier",
     "broadcast",
+    "check_layout",
     "check_reduce_supported",
     "itemsize",
     "reducescatter",

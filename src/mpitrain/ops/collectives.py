@@ -27,7 +27,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from . import channels, hierarchical, mpi, ring, shm
+from . import adasum, channels, hierarchical, mpi, ring, shm
 from .group import Group
 from .kernels import cpu
 from .mpi import allgather_int, alltoall, alltoall_int, barrier
@@ -99,13 +99,19 @@ def _run_allreduce(algo: str, dtype: str, op: ReduceOp, prescale: float,
 
 def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
               prescale: float = 1.0, postscale: float = 1.0, algorithm: str | None = None,
-              streams: int | None = None) -> None:
+              streams: int | None = None, counts: Sequence[int] | None = None) -> None:
     """Reduce ``send`` across the group into ``recv`` (``send`` may be ``recv``).
 
     Args:
         algorithm: override of the configured algorithm (benchmarks and tests).
         streams: override of the configured number of parallel channels.
+        counts: elements of each tensor fused in ``send`` (default: one tensor); only
+            Adasum, which is not elementwise, needs the boundaries (:mod:`.adasum`).
     """
+    if op == ReduceOp.ADASUM:
+        adasum.allreduce(group, send, recv, [send.size] if counts is None else counts, dtype,
+                         prescale, postscale)
+        return
     algo = choose_allreduce(group, send.nbytes, algorithm)
     if algo == "mpi":
         mpi.allreduce(group, send, recv, dtype, op, prescale, postscale)
@@ -135,6 +141,9 @@ def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequ
                   dtype: str, op: ReduceOp, prescale: float = 1.0,
                   postscale: float = 1.0) -> None:
     """Reduce ``send`` across the group; rank i keeps elements of block i (``counts[i]`` long)."""
+    if op == ReduceOp.ADASUM:
+        adasum.reducescatter(group, send, recv, counts, dtype, prescale, postscale)
+        return
     node = _shm_node(group, send.nbytes, MPI_MAX_BYTES)
     if node is None:
         mpi.reducescatter(group, send, recv, counts, dtype, op, prescale, postscale)

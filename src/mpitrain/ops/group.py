@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,6 +76,18 @@ class Group:
             self._state["node"] = node
         return self._state["node"]
 
+    def memo(self, key: str, make: Callable[[], Any]) -> Any:
+        """Algorithm state made once per group by ``make()`` (e.g. derived communicators).
+
+        Collective when ``make`` communicates: every rank first asks at the same collective.
+        The state is closed with the group when it has a ``close()`` method.
+        """
+        key = "memo." + key
+        value = self._state.get(key)
+        if value is None:
+            value = self._state[key] = make()
+        return value
+
     def workspace(self, key: str = "ring") -> Any:
         """Reusable scratch of the ring algorithm for one of this group's communicators."""
         ws = self._state.get("ws." + key)
@@ -119,6 +132,9 @@ class Group:
         node = self._state.get("node")
         if node is not None:
             node.close()
+        for key, value in self._state.items():
+            if key.startswith("memo.") and hasattr(value, "close"):
+                value.close()
         self._state.clear()
         self._buffers.clear()
         self.comms.free()

@@ -104,3 +104,49 @@ def _combine(acc: np.ndarray, x: np.ndarray, op: ReduceOp) -> np.ndarray:
         if op == ReduceOp.MAX:
             return np.maximum(acc, x)
         return acc * x
+
+
+# Adasum: a squared norm below this counts as a zero vector (Horovod's threshold,
+# sqrt(DBL_MIN)); the same number as mpitrain.ops.kernels.adasum.TINY_NORM_SQ.
+ADASUM_TINY_NORM_SQ = float(np.sqrt(np.finfo(np.float64).tiny))
+
+
+def adasum_pair(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``(1 - a.b/(2|a|^2)) a + (1 - a.b/(2|b|^2)) b``, computed in float64, rounded to
+    ``a``'s type (float32 or float64)."""
+    a64, b64 = a.astype(np.float64).reshape(-1), b.astype(np.float64).reshape(-1)
+    dot, aa, bb = a64 @ b64, a64 @ a64, b64 @ b64
+    ca = 1.0 - dot / aa * 0.5 if aa >= ADASUM_TINY_NORM_SQ else 1.0
+    cb = 1.0 - dot / bb * 0.5 if bb >= ADASUM_TINY_NORM_SQ else 1.0
+    return np.asarray(ca * a64 + cb * b64).astype(a.dtype).reshape(a.shape)
+
+
+def adasum(inputs: Sequence[Sequence[np.ndarray]], dtype: str, prescale: float = 1.0,
+           postscale: float = 1.0, local_size: int = 1) -> list[np.ndarray]:
+    """Adasum of every rank's tensors: ``inputs[rank][i]`` is rank's tensor i (storage type).
+
+    Ranks combine pairwise up a binary tree over rank numbers, ((r0 + r1) + (r2 + r3)) + ...,
+    each tensor on its own, rounding to the working type (float32, or float64 for float64)
+    after every combination as the algorithm does.  With ``local_size`` L > 1 (the
+    hierarchical form) each block of L consecutive ranks is averaged first (summed in rank
+    order, times 1/L) and the tree runs over the blocks.  Returns one array per tensor.
+    """
+    work = np.dtype(np.float64 if dtype == "float64" else np.float32)
+
+    def scaled(x: np.ndarray, factor: float) -> np.ndarray:
+        return np.multiply(x, work.type(factor), dtype=work) if factor != 1.0 else x
+
+    level: list[list[np.ndarray]] = [
+        [scaled(widen(np.asarray(t), dtype).astype(work), prescale) for t in tensors]
+        for tensors in inputs]
+    if local_size > 1:
+        nodes = []
+        for start in range(0, len(level), local_size):
+            block = level[start:start + local_size]
+            sums = [np.sum(np.stack(ts), axis=0, dtype=work) for ts in zip(*block)]
+            nodes.append([scaled(s, 1.0 / local_size) for s in sums])
+        level = nodes
+    while len(level) > 1:
+        level = [[adasum_pair(a, b) for a, b in zip(level[i], level[i + 1])]
+                 for i in range(0, len(level), 2)]
+    return [narrow(scaled(w, postscale), dtype) for w in level[0]]

@@ -49,13 +49,14 @@ def check_reduce_supported(dtype: str, op: ReduceOp) -> None:
     """Raise for reductions that make no sense on ``dtype``.
 
     Raises:
-        TypeError: ``dtype`` is not a supported element type, or the op is meaningless on it.
-        ValueError: ``op`` is Adasum, which mpitrain does not implement.
+        TypeError: ``dtype`` is not a supported element type, or the op is meaningless on it
+            (Adasum, a combination through dot products, needs floating point).
     """
     if dtype not in STORAGE:
         raise TypeError(f"unsupported element type {dtype!r}; supported: {sorted(STORAGE)}")
-    if op == ReduceOp.ADASUM:
-        raise ValueError("op=Adasum is not supported by mpitrain; use Average or Sum")
+    if op == ReduceOp.ADASUM and dtype not in FLOATING:
+        raise TypeError(f"op=Adasum needs floating-point tensors ({', '.join(sorted(FLOATING))}),"
+                        f" got {dtype}")
     if dtype == "bool" and op == ReduceOp.AVERAGE:
         raise TypeError("op=Average is not defined on bool tensors; use Sum (logical or), "
                         "Max, Min or Product")

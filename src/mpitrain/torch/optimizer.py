@@ -62,6 +62,37 @@ def _positive_int(value: Any, what: str) -> int:
     return value
 
 
+def parameter_names(param_groups: list[dict[str, Any]],
+                    named_parameters: Any) -> dict[torch.Tensor, str]:
+    """The request name of every parameter: its name in ``named_parameters``, or positional.
+
+    Raises:
+        ValueError: not (name, parameter) tuples, duplicate names, or unnamed parameters.
+    """
+    all_params = [p for group in param_groups for p in group["params"]]
+    if named_parameters is not None:
+        named = list(named_parameters)
+        if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
+            raise ValueError("named_parameters should be a sequence of (name, parameter) "
+                             "tuples, usually produced by model.named_parameters()")
+    else:
+        named = [(f"allreduce.noname.{i}.{j}", p)
+                 for i, group in enumerate(param_groups)
+                 for j, p in enumerate(group["params"])]
+    counts = collections.Counter(k for k, _ in named)
+    duplicates = sorted(k for k, n in counts.items() if n > 1)
+    if duplicates:
+        raise ValueError(f"parameter names in named_parameters must be unique; found "
+                         f"duplicates: {', '.join(duplicates)}")
+    named_ids = {id(p) for _, p in named}
+    unnamed = [i for i, p in enumerate(all_params) if id(p) not in named_ids]
+    if unnamed:
+        raise ValueError(f"named_parameters was given, but {len(unnamed)} of the "
+                         f"optimizer's parameters are not named in it (positions "
+                         f"{unnamed[:10]} in the optimizer's parameter list)")
+    return {p: k for k, p in sorted(named, key=lambda kv: kv[0])}
+
+
 class _DistributedOptimizer(torch.optim.Optimizer):
     """Mixed in before the wrapped optimizer's class (see :func:`DistributedOptimizer`)."""
 
@@ -71,28 +102,8 @@ class _DistributedOptimizer(torch.optim.Optimizer):
                  shared_buckets: bool) -> None:
         super().__init__(params)  # type: ignore[call-arg]  # the wrapped class
         all_params = [p for group in self.param_groups for p in group["params"]]
-        if named_parameters is not None:
-            named = list(named_parameters)
-            if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
-                raise ValueError("named_parameters should be a sequence of (name, parameter) "
-                                 "tuples, usually produced by model.named_parameters()")
-        else:
-            named = [(f"allreduce.noname.{i}.{j}", p)
-                     for i, group in enumerate(self.param_groups)
-                     for j, p in enumerate(group["params"])]
-        counts = collections.Counter(k for k, _ in named)
-        duplicates = sorted(k for k, n in counts.items() if n > 1)
-        if duplicates:
-            raise ValueError(f"parameter names in named_parameters must be unique; found "
-                             f"duplicates: {', '.join(duplicates)}")
-        named_ids = {id(p) for _, p in named}
-        unnamed = [i for i, p in enumerate(all_params) if id(p) not in named_ids]
-        if unnamed:
-            raise ValueError(f"named_parameters was given, but {len(unnamed)} of the "
-                             f"optimizer's parameters are not named in it (positions "
-                             f"{unnamed[:10]} in the optimizer's parameter list)")
-        self._names: dict[torch.Tensor, str] = {p: k for k, p in sorted(named,
-                                                                        key=lambda kv: kv[0])}
+        self._names: dict[torch.Tensor, str] = parameter_names(self.param_groups,
+                                                               named_parameters)
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
@@ -396,7 +407,8 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             and cover every parameter of the optimizer).  Without it, names are positional.
         compression: ``Compression.none``, ``.fp16`` or ``.bf16``, for the wire.
         backward_passes_per_step: backward passes accumulated locally per reduction.
-        op: ``Average`` (default) or ``Sum`` (also Min, Max, Product).
+        op: ``Average`` (default) or ``Sum`` (also Min, Max, Product); ``Adasum`` switches
+            to Horovod's delta optimizer (see :mod:`mpitrain.torch.adasum_optimizer`).
         gradient_predivide_factor: with Average, divide by this before the sum and by
             ``size / factor`` after it (protects low-precision sums from overflow).
         num_groups: deprecated spelling of ``groups=<int>``.
@@ -412,10 +424,12 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         TypeError: ``optimizer`` is not a torch optimizer.
         ValueError: bad names, groups, op, factor or ``backward_passes_per_step``.
     """
+    from . import adasum_optimizer  # builds on this module
+
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
-    if isinstance(optimizer, _DistributedOptimizer):
+    if isinstance(optimizer, (_DistributedOptimizer, adasum_optimizer.AdasumOptimizer)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
                          "optimizer once")
     if not (isinstance(compression, type) and issubclass(compression, Compressor)):
@@ -435,6 +449,13 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         if groups is None:
             groups = num_groups
     groups = _check_groups(groups)
+    if reduce_op == ReduceOp.ADASUM:
+        # Horovod: plain reduction at size 1, the delta optimizer otherwise (groups and
+        # sparse_as_dense do not apply to it).
+        adasum = adasum_optimizer.wrap(optimizer, named_parameters, compression, passes,
+                                       process_set)
+        if adasum is not None:
+            return adasum
     mixin = _DistributedOptimizer
     cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
     wrapped: torch.optim.Optimizer = cls(optimizer.param_groups, named_parameters, compression,
