@@ -31,6 +31,11 @@ def test_digits_learns_at_every_world_size(tmp_path, np_):
     assert float(final.group(1)) > 0.85, out[-3000:]
     assert f"{np_} rank(s)" in out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-002.pt", "epoch-003.pt"]
+    if np_ == 1:
+        # The README's "run it again": a finished run is only evaluated again, and says so.
+        again = _digits(1, tmp_path, "--resume")
+        assert "nothing left to train" in again and "epoch 3:" not in again, again[-3000:]
+        assert FINAL.search(again).groups() == final.groups()
     if np_ == 2:
         # Interrupted after epoch 1, resumed: the very same final loss, to the last bit.
         resumed_dir = tmp_path / "resumed"
