@@ -7,6 +7,7 @@ runs in a fresh interpreter, since this test process has imported everything alr
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -26,11 +27,11 @@ def _python(args: list[str], *, cwd=ROOT) -> subprocess.CompletedProcess[str]:
 
 
 def _heavy_modules_after(statement: str) -> list[str]:
-    code = (f"import sys\n{statement}\n"
-            f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r})))\n")
+    code = (f"import json, sys\n{statement}\n"
+            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))\n")
     result = _python(["-c", code])
     assert result.returncode == 0, result.stderr
-    return eval(result.stdout.strip().splitlines()[-1])  # a printed list of names
+    return json.loads(result.stdout.strip().splitlines()[-1])
 
 
 def test_runner_and_hostfile_cli_import_nothing_heavy():
