@@ -122,9 +122,22 @@ def run_horovod(args: argparse.Namespace, horovod: object, process_set: object) 
     optimizer = horovod.DistributedOptimizer(  # type: ignore[attr-defined]
         torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=model.named_parameters(),
         compression=compression, process_set=process_set)
-    horovod.broadcast_parameters(model.state_dict(), root_rank=0,  # type: ignore[attr-defined]
-                                 process_set=process_set)
+    horovod_broadcast_parameters(horovod, model.state_dict(), process_set)
     return timed(training_step(model, optimizer, args.batch_size), args)
+
+
+def horovod_broadcast_parameters(horovod: object, state: dict[str, torch.Tensor],
+                                 process_set: object) -> None:
+    """Rank 0's parameters to the set's other ranks, with Horovod's own calls.
+
+    Horovod 0.28.1's ``broadcast_parameters(params, root_rank)`` takes no process set (mpitrain's
+    does), so broadcast each tensor in place within the set, as that function does for all.
+    """
+    broadcast_async_ = horovod.broadcast_async_  # type: ignore[attr-defined]
+    handles = [broadcast_async_(tensor, 0, name=f"broadcast.{name}", process_set=process_set)
+               for name, tensor in sorted(state.items())]
+    for handle in handles:
+        horovod.synchronize(handle)  # type: ignore[attr-defined]
 
 
 def start_gloo(world: MPI.Comm) -> None:

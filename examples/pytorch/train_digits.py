@@ -17,7 +17,11 @@ repository root (as root add --allow-run-as-root, with more ranks than cores --o
 It reaches about 97% test accuracy in the default 12 epochs at 1, 2 and 4 ranks.  A run
 stopped at any epoch and started again with ``--resume`` ends bit for bit where an
 uninterrupted run ends.  Without ``--resume``, checkpoints already in ``--checkpoint-dir`` are
-an error rather than silently overwritten.
+an error rather than silently overwritten.  ``--resume`` after a run that finished trains
+nothing: it loads the last checkpoint, says so, and evaluates it; ``--resume --epochs 20``
+after a 12-epoch run trains 8 more epochs on the schedule of a 20-epoch run (the learning rate
+jumps from near zero back to where that schedule is at epoch 12, about 0.4 x its peak, so the
+result is not bit for bit that of an uninterrupted 20-epoch run).
 """
 
 from __future__ import annotations
@@ -136,6 +140,10 @@ def main() -> None:
         start_epoch, step = extra["epoch"], extra["step"]
         if hvd.rank() == 0:
             print(f"resumed from {extra['path']} at epoch {start_epoch}, step {step}")
+            if start_epoch >= args.epochs:
+                print(f"that run already finished (epoch {start_epoch}, --epochs {args.epochs}): "
+                      "nothing left to train, only evaluating it; pass a larger --epochs to "
+                      "train on (the learning-rate schedule then stretches to the new end)")
     else:
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         hvd.broadcast_optimizer_state(optimizer, root_rank=0)

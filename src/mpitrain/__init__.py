@@ -4,163 +4,57 @@
     hvd.init()
     ...
 
-This module is the Horovod face for PyTorch (``import mpitrain.torch as hvd`` is the same).
-The path of a gradient continues in ``torch/optimizer.py``, then ``engine/``, then ``ops/``.
+This package is the Horovod face for PyTorch (``import mpitrain.torch as hvd`` is the same);
+its names are defined in ``_face.py`` and loaded the first time one is used (PEP 562), so that
+``import mpitrain.runner`` -- ``mpitrainrun``, ``mpitrain-hostfile`` -- runs in a fraction of a
+second on a login node without torch, numba or MPI.  ``from mpitrain import allreduce``,
+``hvd.init()``, ``dir(hvd)`` and ``from mpitrain import *`` all load the face; so does any
+import of ``mpitrain.torch`` (which also registers the torch.distributed backend).
+
 Importing mpitrain does not start MPI; ``init()`` does.  It does set what MPI reads when it
 starts (see ``_mpi.prepare_environment``), so import mpitrain before mpi4py.
 """
 
-from . import _mpi  # noqa: F401 - first: importing it sets what MPI reads when it starts
-from .collectives import (
-    Adasum,
-    Average,
-    Max,
-    Min,
-    Product,
-    Sum,
-    allgather_async,
-    allgather_object,
-    allreduce_,
-    allreduce_async,
-    allreduce_async_,
-    alltoall_async,
-    barrier,
-    broadcast_,
-    broadcast_async,
-    broadcast_async_,
-    broadcast_object,
-    grouped_allgather_async,
-    grouped_allreduce_,
-    grouped_allreduce_async,
-    grouped_allreduce_async_,
-    grouped_reducescatter_async,
-    join,
-    poll,
-    reducescatter_async,
-    start_timeline,
-    stop_timeline,
-    synchronize,
-)
-from .compression import Compression
-from .engine.request import Handle
-from .errors import HorovodInternalError, MpitrainInternalError
-from .ops.types import ReduceOp
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
-from .runtime import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    init,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    shutdown,
-    size,
-)
-from .torch.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .torch.functions import broadcast_optimizer_state, broadcast_parameters
-from .torch.mpi_ops import (
-    allgather,
-    allreduce,
-    alltoall,
-    broadcast,
-    grouped_allgather,
-    grouped_allreduce,
-    grouped_reducescatter,
-    reducescatter,
-    sparse_allreduce_async,
-)
-from .torch.optimizer import DistributedOptimizer, OptimizerUsageError
-from .torch.sampler import DistributedSampler
-from .torch.sync_batch_norm import SyncBatchNorm
-from .version import __version__
+from __future__ import annotations
 
-__all__ = [
-    "Adasum",
-    "Average",
-    "Compression",
-    "DistributedOptimizer",
-    "DistributedSampler",
-    "Handle",
-    "HorovodInternalError",
-    "Max",
-    "Min",
-    "MpitrainInternalError",
-    "OptimizerUsageError",
-    "ProcessSet",
-    "Product",
-    "ReduceOp",
-    "Sum",
-    "SyncBatchNorm",
-    "__version__",
-    "add_process_set",
-    "allgather",
-    "allgather_async",
-    "allgather_object",
-    "allreduce",
-    "allreduce_",
-    "allreduce_async",
-    "allreduce_async_",
-    "alltoall",
-    "alltoall_async",
-    "barrier",
-    "broadcast",
-    "broadcast_",
-    "broadcast_async",
-    "broadcast_async_",
-    "broadcast_object",
-    "broadcast_optimizer_state",
-    "broadcast_parameters",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
-    "grouped_allgather",
-    "grouped_allgather_async",
-    "grouped_allreduce",
-    "grouped_allreduce_",
-    "grouped_allreduce_async",
-    "grouped_allreduce_async_",
-    "grouped_reducescatter",
-    "grouped_reducescatter_async",
-    "init",
-    "is_homogeneous",
-    "is_initialized",
-    "join",
-    "latest_checkpoint",
-    "load_checkpoint",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "poll",
-    "rank",
-    "reducescatter",
-    "reducescatter_async",
-    "remove_process_set",
-    "rocm_built",
-    "save_checkpoint",
-    "shutdown",
-    "size",
-    "sparse_allreduce_async",
-    "start_timeline",
-    "stop_timeline",
-    "synchronize",
-]
+import importlib
+import importlib.util
+from typing import TYPE_CHECKING, Any
+
+from . import _mpi  # noqa: F401 - first: importing it sets what MPI reads when it starts
+from .version import __version__ as __version__
+
+if TYPE_CHECKING:
+    from ._face import *  # noqa: F403 - the names type checkers see; loaded lazily below
+    from ._face import __all__ as __all__
+
+
+def _load_face() -> None:
+    """Import the face and bind its names here, so later lookups never come back."""
+    from . import _face
+
+    namespace = globals()
+    for name in _face.__all__:
+        namespace[name] = getattr(_face, name)
+    namespace["__all__"] = list(_face.__all__)
+
+
+def __getattr__(name: str) -> Any:
+    # Dunder probes (copy, pickle, inspect, pytest look for __wrapped__, __path__ ...) must
+    # not pay for torch; only __all__ (star import) needs the face.
+    if name.startswith("__") and name != "__all__":
+        raise AttributeError(f"module 'mpitrain' has no attribute {name!r}")
+    # A submodule is imported, not the face: ``from . import config`` asks for the attribute
+    # before it imports, and must stay light (as must the face's own ``from . import _face``).
+    if importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    _load_face()
+    try:
+        return globals()[name]
+    except KeyError:
+        raise AttributeError(f"module 'mpitrain' has no attribute {name!r}") from None
+
+
+def __dir__() -> list[str]:
+    _load_face()
+    return sorted(globals())

@@ -11,6 +11,7 @@ object that went in.  The device kind (``cpu``/``cuda``) is part of what ranks n
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Callable
 from typing import Any
 
@@ -61,8 +62,8 @@ def _cupy(what: str) -> Any:
     return require(what)
 
 
-def dtype_name(x: Any) -> str:
-    """The logical element type of ``x``.
+def dtype_name(x: Any, what: str = "tensor") -> str:
+    """The logical element type of ``x``; ``what`` names the argument in errors.
 
     Raises:
         TypeError: ``x`` is not a tensor/array, or its element type is unsupported.
@@ -70,23 +71,23 @@ def dtype_name(x: Any) -> str:
     if isinstance(x, torch.Tensor):
         name = _TORCH_NAMES.get(x.dtype)
         if name is None:
-            raise TypeError(f"unsupported tensor dtype {x.dtype}; supported: "
+            raise TypeError(f"{what} has unsupported dtype {x.dtype}; supported: "
                             f"{sorted(str(d) for d in _TORCH_NAMES)}")
         return name
     if isinstance(x, np.ndarray):
         name = _NUMPY_NAMES.get(x.dtype.name)
         if name is None:
-            raise TypeError(f"unsupported array dtype {x.dtype}; supported: "
+            raise TypeError(f"{what} has unsupported dtype {x.dtype}; supported: "
                             f"{sorted(_NUMPY_NAMES)}")
         return name
     if hasattr(x, "__cuda_array_interface__"):
         name = _NUMPY_NAMES.get(np.dtype(x.dtype).name)
         if name is None:
-            raise TypeError(f"unsupported array dtype {x.dtype}; supported: "
+            raise TypeError(f"{what} has unsupported dtype {x.dtype}; supported: "
                             f"{sorted(_NUMPY_NAMES)}")
         return name
-    raise TypeError("expected a torch.Tensor, numpy.ndarray or CUDA array (cupy), got "
-                    f"{type(x).__name__}")
+    raise TypeError(f"{what} must be a torch.Tensor, numpy.ndarray or CUDA array (cupy), got "
+                    f"{type(x).__name__} {reprlib.repr(x)}")
 
 
 def device_of(x: Any) -> str:
@@ -132,7 +133,7 @@ def check_tensor(x: Any, what: str = "tensor") -> str:
         TypeError: not a tensor/array, unsupported dtype, or a device mpitrain cannot serve.
         ValueError: ``x`` is not contiguous.
     """
-    name = dtype_name(x)
+    name = dtype_name(x, what)
     if is_cuda(x):
         _cupy(f"a collective on {what} (on CUDA)")  # a clear error without cupy or a GPU
         _check_bound_device(x, what)

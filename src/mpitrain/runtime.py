@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from . import _mpi, binding, job_env, launchers, topology
+from . import _mpi, binding, failure, job_env, launchers, topology
 from . import config as config_module
 from .errors import not_initialized
 from .topology import Communicators, Topology
@@ -114,6 +114,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             # A GPU job: decide once, at init, whether MPI takes device pointers.
             from .engine.device import cuda_awareness
             cuda_awareness(cfg.cuda_aware_mpi)
+        failure.arm(comms.world, topo)  # collective: before the engine thread uses MPI
         engine = Engine(cfg, topo, comms)
         _state = State(config=cfg, topology=topo, comms=comms, engine=engine,
                        thread_level=MPI.Query_thread(), device=device, cpu_threads=threads)
@@ -145,6 +146,7 @@ def shutdown() -> None:
         state.engine.stop()
     finally:
         ps_module.on_shutdown()
+        failure.disarm()
         state.comms.free()
         job_env.withdraw()
 
@@ -274,20 +276,14 @@ def _install_abort_hook() -> None:
 
     def abort_on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
         current = _state
-        try:
-            previous(exc_type, exc, tb)
-        except Exception:  # noqa: BLE001 - never let printing stop the abort
-            traceback.print_exception(exc_type, exc, tb)
-        if current is None or current.topology.size == 1 or not current.config.abort_on_error:
+        if (current is None or current.topology.size == 1 or not current.config.abort_on_error
+                or issubclass(exc_type, KeyboardInterrupt)):
+            try:
+                previous(exc_type, exc, tb)
+            except Exception:  # noqa: BLE001 - never let printing stop the exit
+                traceback.print_exception(exc_type, exc, tb)
             return
-        if issubclass(exc_type, KeyboardInterrupt):
-            return
-        topo = current.topology
-        sys.stderr.write(f"mpitrain: rank {topo.rank} of {topo.size} (host {topo.hostname}) "
-                         f"raised {exc_type.__name__}; aborting all ranks.\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        MPI = _mpi.load()
-        MPI.COMM_WORLD.Abort(1)
+        # Prints once per distinct message across the ranks that fail together, then aborts.
+        failure.report_and_abort(exc_type, exc, tb, previous)
 
     sys.excepthook = abort_on_uncaught

@@ -27,6 +27,37 @@ def test_uncaught_exception_on_one_rank_aborts_the_job(np_):
     assert elapsed < 30, f"took {elapsed:.1f} s to end the job"
 
 
+def test_ranks_failing_alike_print_the_error_once():
+    # A mismatch is raised on every rank; ranks 0-2 let it go uncaught, rank 3 raises its own
+    # error instead.  Each distinct message is printed once, by the lowest rank that raised it,
+    # without the engine-side cause repeating it; the others say whose report is theirs.
+    code = (
+        "import mpitrain as hvd, torch\n"
+        "hvd.init()\n"
+        "try:\n"
+        "    hvd.allreduce(torch.ones(hvd.rank() + 1), name='grad')\n"
+        "except hvd.MpitrainInternalError:\n"
+        "    if hvd.rank() == 3:\n"
+        "        raise ValueError('a message of rank 3 alone') from None\n"
+        "    raise\n"
+    )
+    start = time.monotonic()
+    result = run_python(4, code, timeout=120)
+    elapsed = time.monotonic() - start
+    err = result.stderr
+    assert result.returncode != 0
+    assert err.count("MpitrainInternalError: mismatched shape for allreduce 'grad'") == 1, err
+    assert err.count("Traceback (most recent call last)") == 2, err
+    assert err.count("ValueError: a message of rank 3 alone") == 1, err
+    assert "rank 0 of 4 (host " in err and "so did ranks 1-2, with the same message" in err
+    for r in (1, 2):
+        assert f"rank {r} of 4 (host " in err and "raised the same MpitrainInternalError as " \
+            "rank 0 (printed there)" in err, err
+    assert "rank 3 of 4" in err and "raised ValueError; every rank failed" in err, err
+    assert err.count("MPI_ABORT was invoked") <= 1, err
+    assert elapsed < 60, f"took {elapsed:.1f} s to end the job"
+
+
 def test_shutdown_with_requests_in_flight_fails_them_everywhere():
     code = (
         "import mpitrain as hvd, torch\n"

@@ -1,0 +1,163 @@
+"""How a rank that dies of an uncaught exception reports it and ends the whole job.
+
+A mismatch found by negotiation is raised on every rank, and so is a caller's mistake that
+every rank makes: printed by each, p ranks give p chained tracebacks of one message.  So the
+ranks that fail first agree, for at most :data:`AGREE_SECONDS`, on who failed with what: of
+the ranks that raised the same exception type with the same message, the lowest prints the
+traceback and names the others, which print one line each.  If some rank does not fail within
+that time (one rank's own bug; the others wait in a collective), nobody waits longer: each
+failing rank prints its own traceback, as before, and aborts the job.
+
+The agreement is one non-blocking allgather of an 8-byte digest on a communicator of its own
+(duplicated at ``init()``, so it can never match anyone's collective), polled until a deadline:
+it cannot hang, and the job ends within seconds either way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import sys
+import time
+import traceback
+from typing import Any
+
+from . import _mpi
+from .topology import Topology
+
+AGREE_SECONDS = 3.0  # how long a failing rank waits to learn whether every rank failed
+SETTLE_SECONDS = 2.0  # how long every rank waits for the others to print before the abort
+_DIGEST = 8
+
+_comm: Any = None
+_topology: Topology | None = None
+_pending: list[Any] = []  # buffers of a request given up on: MPI may still write into them
+
+
+def arm(comm: Any, topology: Topology) -> None:
+    """Duplicate ``comm`` for the agreement; collective, called by every rank at ``init()``."""
+    global _comm, _topology
+    _comm, _topology = comm.Dup(), topology
+
+
+def disarm() -> None:
+    """Free the agreement's communicator (at ``shutdown()``; every rank calls it)."""
+    global _comm, _topology
+    comm, _comm, _topology = _comm, None, None
+    if comm is not None:
+        with contextlib.suppress(Exception):  # best effort at teardown
+            comm.Free()
+
+
+def report_and_abort(exc_type: Any, exc: Any, tb: Any, previous: Any) -> None:
+    """Print ``exc`` once per distinct message across the failing ranks, then abort the job.
+
+    ``previous`` is the excepthook that was installed before mpitrain's; a custom one is
+    always called, the default one only where this rank prints the traceback.
+    """
+    comm, topo = _comm, _topology
+    if comm is None or topo is None:
+        _print_traceback(exc_type, exc, tb, previous)
+        _abort()
+        return
+    where = f"rank {topo.rank} of {topo.size} (host {topo.hostname})"
+    name = exc_type.__name__
+    digest = hashlib.blake2b(f"{exc_type.__module__}.{exc_type.__qualname__}: {exc}".encode(),
+                             digest_size=_DIGEST).digest()
+    everyone = _gather(comm, digest, topo.size, AGREE_SECONDS)
+    if everyone is None:  # some rank is still running: report alone, at once
+        _print_traceback(exc_type, exc, tb, previous)
+        _say(f"mpitrain: {where} raised {name}; aborting all ranks.")
+        _abort()
+        return
+    same = [r for r, d in enumerate(everyone) if d == digest]
+    if same[0] == topo.rank:
+        _print_traceback(exc_type, exc, tb, previous)
+        others = (f"; so did {_ranks_text(same[1:])}, with the same message (not printed again)"
+                  if len(same) > 1 else "")
+        _say(f"mpitrain: {where} raised {name}{others}; every rank failed, aborting all ranks.")
+    else:
+        if previous is not sys.__excepthook__:
+            _call_quietly(previous, exc_type, exc, tb)
+        _say(f"mpitrain: {where} raised the same {name} as rank {same[0]} (printed there); "
+             "aborting all ranks.")
+    # Every rank is here: let each finish printing, then one rank ends the job (one banner).
+    _wait(comm.Ibarrier(), SETTLE_SECONDS)
+    if topo.rank == 0:
+        _abort()
+    time.sleep(SETTLE_SECONDS)  # rank 0's abort normally ends this process here
+    _abort()
+
+
+def _gather(comm: Any, digest: bytes, size: int, seconds: float) -> list[bytes] | None:
+    """Every rank's digest, or None if not every rank contributed within ``seconds``."""
+    MPI = _mpi.load()
+    send, recv = bytearray(digest), bytearray(_DIGEST * size)
+    try:
+        request = comm.Iallgather([send, MPI.BYTE], [recv, MPI.BYTE])
+    except Exception:  # noqa: BLE001 - a broken MPI must not stop the abort
+        return None
+    if not _wait(request, seconds):
+        _pending.append((send, recv))
+        return None
+    return [bytes(recv[i * _DIGEST:(i + 1) * _DIGEST]) for i in range(size)]
+
+
+def _wait(request: Any, seconds: float) -> bool:
+    """Poll ``request`` (polling also drives its progress) until done or ``seconds`` pass."""
+    deadline = time.monotonic() + seconds
+    try:
+        while not request.Test():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.005)
+    except Exception:  # noqa: BLE001 - a failed request is as good as a late one here
+        return False
+    return True
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``rank 3`` / ``ranks 1-3, 5`` (runs collapsed: a 1,024-rank job stays one line)."""
+    runs: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(runs)
+
+
+def _print_traceback(exc_type: Any, exc: Any, tb: Any, previous: Any) -> None:
+    """The previous hook's report; the default one without a cause that repeats ``exc``.
+
+    A collective's error is raised in the engine's thread and raised again, from it, in the
+    caller's: the cause has no traceback and the same message, so printing it adds a copy.
+    """
+    cause = getattr(exc, "__cause__", None)
+    if (previous is sys.__excepthook__ and cause is not None and cause.__traceback__ is None
+            and str(cause) == str(exc)):
+        traceback.print_exception(exc_type, exc, tb, chain=False)
+        return
+    _call_quietly(previous, exc_type, exc, tb)
+
+
+def _call_quietly(hook: Any, exc_type: Any, exc: Any, tb: Any) -> None:
+    try:
+        hook(exc_type, exc, tb)
+    except Exception:  # noqa: BLE001 - never let printing stop the abort
+        traceback.print_exception(exc_type, exc, tb)
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+
+
+def _abort() -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    _mpi.load().COMM_WORLD.Abort(1)
