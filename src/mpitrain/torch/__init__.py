@@ -22,8 +22,15 @@ _install_amp_support()
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+    import importlib.util
+
     import mpitrain
 
+    # ``from . import flat_buckets`` inside this package asks for the attribute before it
+    # imports the submodule: import it, rather than loading the whole face (a cycle).
+    if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
     try:
         return getattr(mpitrain, name)
     except AttributeError:
