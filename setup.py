@@ -53,6 +53,9 @@ setup(
         "cuda12": ["cupy-cuda12x>=13"],
         "examples": ["scikit-learn>=1.3", "tqdm>=4.60"],
         "tensorflow": ["tensorflow-cpu>=2.16"],
+        # Hugging Face: examples/pytorch/bert_pretraining.py (BertForPreTraining, a WordPiece
+        # tokenizer trained on the spot) and Trainer/Accelerate runs on mpitrain.
+        "hf": ["transformers>=4.40", "tokenizers>=0.15", "accelerate>=0.26"],
         "test": TEST,
     },
     entry_points={

