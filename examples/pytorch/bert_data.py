@@ -52,19 +52,33 @@ _SENTENCE_END = re.compile(r"(?<=[.!?])\s+(?=[\"'(\[]?[A-Z])")
 _WORD = re.compile(r"[A-Za-z]+(?:'[a-z]+)?")
 
 
+def _indent(line: str) -> int:
+    return len(line) - len(line.lstrip())
+
+
 def _prose_paragraphs(text: str) -> Iterator[str]:
     """The paragraphs of ``text`` that read as prose, each on one line.
 
-    A paragraph (lines between blank lines) is kept when most of its characters belong to
-    words and it holds no interpreter prompt or code block marker: that drops code examples,
-    grammar productions and tables.
+    Code examples, signatures, grammar productions and tables are dropped: a paragraph (lines
+    between blank lines) indented deeper than the text's prose (more than a list item's 2
+    columns), one holding an interpreter prompt or a grammar or table marker, one that does
+    not end as a sentence does, or one whose characters are mostly not words.
     """
-    for block in re.split(r"\n\s*\n", text):
-        if ">>>" in block or "::=" in block or "+--" in block:
+    blocks = [b for b in re.split(r"\n\s*\n", text.strip("\n")) if b.strip()]
+    if not blocks:
+        return
+    base = min(min(_indent(line) for line in b.splitlines() if line.strip()) for b in blocks)
+    for block in blocks:
+        lines = [line for line in block.splitlines() if line.strip()]
+        if min(_indent(line) for line in lines) > base + 2:
+            continue
+        if ">>>" in block or "::=" in block or "+--" in block or "===" in block:
             continue
         flat = " ".join(block.split())
+        if not flat.rstrip("\"')]").endswith((".", "!", "?", ":")):
+            continue  # a signature, a heading or a fragment, not a sentence
         words = _WORD.findall(flat)
-        if len(words) < 6 or sum(map(len, words)) < 0.7 * len(flat.replace(" ", "")):
+        if len(words) < 6 or sum(map(len, words)) < 0.75 * len(flat.replace(" ", "")):
             continue
         yield flat
 

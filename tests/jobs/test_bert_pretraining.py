@@ -56,20 +56,19 @@ def phase1(tmp_path_factory) -> tuple[Path, str]:
     return out, _digest(stdout, 2, 6)
 
 
-def test_phase1_stopped_and_resumed_ends_bit_for_bit_where_a_straight_run_ends(phase1,
-                                                                              tmp_path):
+def test_phase1_resumed_from_its_step3_checkpoint_ends_bit_for_bit_where_it_ended(phase1,
+                                                                                 tmp_path):
     straight_dir, straight = phase1
-    # The same tokenizer and instances (tokenizers' WordPiece training breaks ties
-    # differently from run to run, so a rebuilt vocabulary could differ).
+    # Step 3's checkpoint as an interrupted run leaves it, with the same tokenizer and
+    # instances (tokenizers' WordPiece training breaks ties differently from run to run).
     shutil.copytree(straight_dir / "data", tmp_path / "data")
-    stopped = _run(2, tmp_path, "--max-steps", "6", "--checkpoint-every", "3",
-                   "--stop-after-step", "3")
-    assert "stopped after step 3; continue with --resume" in stopped
-    assert _digest(stopped, 2, 3) != straight
+    (tmp_path / "phase1").mkdir()
+    shutil.copy2(straight_dir / "phase1" / "step-0000003.pt", tmp_path / "phase1")
     # Starting afresh over that checkpoint is refused, not silently overwritten.
     refused = run_job(2, [sys.executable, str(SCRIPT), "--output-dir", str(tmp_path), *QUICK,
                           "--max-steps", "6"], timeout=300)
     assert refused.returncode != 0 and "--resume" in refused.stderr, refused.stderr[-3000:]
+    assert "step-0000003.pt exists" in refused.stderr
     resumed = _run(2, tmp_path, "--max-steps", "6", "--checkpoint-every", "3", "--resume")
     assert re.search(r"resumed from \S+step-0000003\.pt at step 3", resumed), resumed[-3000:]
     # The step count continues (no step 1 again) and the result is the uninterrupted one.
@@ -77,16 +76,17 @@ def test_phase1_stopped_and_resumed_ends_bit_for_bit_where_a_straight_run_ends(p
     assert _digest(resumed, 2, 6) == straight
 
 
-def test_phase2_starts_from_phase1_on_the_ddp_drop_in_at_four_ranks(phase1):
+def test_phase2_starts_from_phase1_on_the_ddp_drop_in(phase1):
     out, _ = phase1
-    stdout = _run(4, out, "--phase", "2", "--max-steps", "2", "--wrapper", "ddp",
+    # Two ranks, not four: each rank pays ~10 s of CPU importing torch and transformers.
+    stdout = _run(2, out, "--phase", "2", "--max-steps", "2", "--wrapper", "ddp",
                   "--optimizer", "adamw", "--batch-size", "2")
     assert re.search(r"phase 2 starts from \S+phase1/step-0000006\.pt \(phase 1 step 6\)",
                      stdout), stdout[-3000:]
-    assert "phase 2: sequence 512, 80 predictions, 4 rank(s) x 2 sequences" in stdout
+    assert "phase 2: sequence 512, 80 predictions, 2 rank(s) x 2 sequences" in stdout
     assert "mpitrain DistributedDataParallel" in stdout
     assert [int(s) for s, _, _ in STEP_LOG.findall(stdout)] == [1, 2]
-    _digest(stdout, 4, 2)
+    _digest(stdout, 2, 2)
     assert sorted(p.name for p in (out / "phase2").iterdir()) == ["step-0000002.pt"]
 
 
