@@ -42,11 +42,14 @@ from ..runtime import (
 )
 from . import keras
 from .basics import init
+from .broadcast_ops import broadcast, grouped_broadcast
 from .functions import broadcast_global_variables, broadcast_variables
+from .gather_ops import allgather, alltoall, grouped_allgather
 from .gradients import DistributedGradientTape, GradientReducer
 from .hooks import BroadcastGlobalVariablesHook
-from .mpi_ops import allgather, allreduce, broadcast, grouped_allreduce, grouped_broadcast
+from .info_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .optimizer import DistributedOptimizer
+from .reduce_ops import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 
 __all__ = [
     "Average",
@@ -66,6 +69,7 @@ __all__ = [
     "allgather",
     "allgather_object",
     "allreduce",
+    "alltoall",
     "barrier",
     "broadcast",
     "broadcast_global_variables",
@@ -74,19 +78,27 @@ __all__ = [
     "cross_rank",
     "cross_size",
     "global_process_set",
+    "grouped_allgather",
     "grouped_allreduce",
     "grouped_broadcast",
+    "grouped_reducescatter",
     "init",
     "is_initialized",
     "join",
     "keras",
     "local_rank",
+    "local_rank_op",
     "local_size",
+    "local_size_op",
     "mpi_built",
     "mpi_enabled",
     "mpi_threads_supported",
+    "process_set_included_op",
     "rank",
+    "rank_op",
+    "reducescatter",
     "remove_process_set",
     "shutdown",
     "size",
+    "size_op",
 ]
