@@ -1,5 +1,8 @@
 """Every mpitrain.tensorflow collective and its gradient, eagerly, in tf.function and in v1 graphs.
 
+(Also the ops built on them that need several ranks to test: rank_op and friends, and
+SyncBatchNormalization against Keras' BatchNormalization over the union of the ranks' batches.)
+
 Graphs hold 1, 10 and 50 collectives (forward and gradient ops of every kind, mixed) and every
 result is compared with a numpy reference computed from all ranks' inputs.  Nothing here may
 hang, whatever TensorFlow's thread counts:
@@ -37,11 +40,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 try:
+    import keras
     import tensorflow as tf
 
     import mpitrain.tensorflow as htf
 except ModuleNotFoundError:  # collected and skipped (a module skip would collect nothing)
-    tf = htf = None
+    keras = tf = htf = None
 
 pytestmark = pytest.mark.skipif(tf is None, reason="needs pip install 'mpitrain[tensorflow]'")
 MPI_CONFIGS = ("np2", "np3")
@@ -298,3 +302,153 @@ def test_many_collectives_in_one_graph(mode, n):
     else:
         for outs, grads in run_v1(cs, SESSION_THREADS):
             check(cs, outs, grads)
+
+
+def test_a_fetch_runs_only_the_collectives_it_needs():
+    """Fetching a collective built after others needs none of their feeds and runs none of them
+    (the BroadcastGlobalVariablesHook pattern: the broadcast is built after the training step)."""
+    with tf.Graph().as_default():
+        x = tf.compat.v1.placeholder(tf.float32, [None])
+        step = htf.allreduce(x, op=htf.Sum)
+        v = tf.compat.v1.get_variable("v", initializer=tf.constant([float(RANK)] * 3))
+        bcast = htf.broadcast_global_variables(0)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(bcast)  # x is not fed: the allreduce must not run
+            np.testing.assert_array_equal(sess.run(v), [0.0] * 3)
+            got = sess.run(step, {x: np.full(2, RANK + 1, np.float32)})
+            np.testing.assert_allclose(got, [SIZE * (SIZE + 1) / 2] * 2)
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "v1"])
+def test_rank_and_size_ops(mode):
+    def build():
+        return [htf.rank_op(), htf.local_rank_op(), htf.size_op(), htf.local_size_op(),
+                htf.process_set_included_op(), htf.process_set_included_op(12345)]
+
+    want = [RANK, htf.local_rank(), SIZE, htf.local_size(), 1, -3]
+    if mode == "eager":
+        got = [int(t) for t in build()]
+    elif mode == "function":
+        got = [int(t) for t in tf.function(build)()]
+    else:
+        with tf.Graph().as_default():
+            ops = build()
+            assert all(t.dtype == tf.int32 and t.shape == () for t in ops)
+            with tf.compat.v1.Session() as sess:
+                got = [int(t) for t in sess.run(ops)]
+    assert got == want
+
+
+def test_bad_input_is_refused_when_called():
+    with pytest.raises(ValueError, match="one per rank"):
+        htf.alltoall(tf.ones([SIZE, 2]), splits=[1] * (SIZE + 1))
+    with pytest.raises(ValueError, match="non-negative"):
+        htf.alltoall(tf.ones([SIZE, 2]), splits=[-1] + [1] * (SIZE - 1))
+    with pytest.raises(TypeError, match="integers"):
+        htf.alltoall(tf.ones([SIZE, 2]), splits=[0.5] * SIZE)
+    with pytest.raises(ValueError, match="scalar"):
+        htf.alltoall(tf.constant(1.0))
+    with pytest.raises(ValueError, match="scalar"):
+        htf.reducescatter(tf.constant(1.0))
+    with pytest.raises(TypeError, match="list or tuple"):
+        htf.grouped_allgather(tf.ones([2]))
+    with pytest.raises(ValueError, match="Sum and Average"):
+        htf.allreduce(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0]), tf.constant([3, 2])),
+                      op=htf.Max)
+    with pytest.raises(TypeError, match="process_set_id"):
+        htf.size_op("0")
+    with pytest.raises(ValueError, match="fused"):
+        htf.SyncBatchNormalization(fused=True)
+    with pytest.raises(ValueError, match="synchronized"):
+        htf.SyncBatchNormalization(synchronized=True)
+    with pytest.raises(ValueError, match="comm_scope|scope"):
+        htf.SyncBatchNormalization(comm_scope="galaxy")
+
+
+# ------------------------------------------------------------------ SyncBatchNormalization
+def _bn_data(q, rows):
+    rng = np.random.default_rng(100 + q)
+    x = (rng.normal(size=(rows, 3, 4)) * (q + 1) + 2 * q).astype(np.float32)
+    w = rng.normal(size=(rows, 3, 4)).astype(np.float32)
+    return x, w
+
+
+def _bn_step(layer, x, w, compiled):
+    def step(x, w):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            loss = tf.reduce_sum(layer(x, training=True) * w)
+        return [layer(x, training=False)] + tape.gradient(loss, [x, layer.gamma, layer.beta])
+
+    run = tf.function(step) if compiled else step
+    return [t.numpy() for t in run(tf.constant(x), tf.constant(w))]
+
+
+def _bn_layers(sync_kwargs):
+    made = []
+    for layer in (htf.SyncBatchNormalization(momentum=0.5, epsilon=1e-3, **sync_kwargs),
+                  keras.layers.BatchNormalization(momentum=0.5, epsilon=1e-3)):
+        layer.build((None, 3, 4))
+        layer.gamma.assign(np.linspace(0.5, 2.0, 4).astype(np.float32))
+        layer.beta.assign(np.linspace(-1.0, 1.0, 4).astype(np.float32))
+        made.append(layer)
+    return made
+
+
+def _check_against_union(members, sync_kwargs, compiled):
+    """SyncBatchNormalization over ``members`` (uneven batches, one empty) equals Keras'
+    BatchNormalization over the union of their batches."""
+    rows = {q: (0 if q == 1 and len(members) > 1 else 2 + q) for q in members}
+    data = {q: _bn_data(q, rows[q]) for q in members}
+    sync, ref = _bn_layers(sync_kwargs)
+    y, gx, ggamma, gbeta = _bn_step(sync, *data[RANK], compiled)
+    union = [np.concatenate([data[q][i] for q in members]) for i in range(2)]
+    ref_y, ref_gx, ref_ggamma, ref_gbeta = _bn_step(ref, *union, compiled=False)
+    lo = sum(rows[q] for q in members if q < RANK)
+    mine = slice(lo, lo + rows[RANK])
+    np.testing.assert_allclose(y, ref_y[mine], rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(gx, ref_gx[mine], rtol=1e-4, atol=1e-4)
+    for got, want in ((sync.moving_mean, ref.moving_mean),
+                      (sync.moving_variance, ref.moving_variance)):
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-5, atol=1e-6)
+    # gamma's and beta's gradients stay local: their sum over the members is the reference's.
+    parts = WORLD.allgather((ggamma, gbeta))
+    np.testing.assert_allclose(sum(parts[q][0] for q in members), ref_ggamma, rtol=1e-4,
+                               atol=1e-4)
+    np.testing.assert_allclose(sum(parts[q][1] for q in members), ref_gbeta, rtol=1e-4,
+                               atol=1e-4)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "function"])
+def test_sync_batch_norm_equals_batch_norm_over_every_rank(compiled):
+    _check_against_union(list(range(SIZE)), {}, compiled)
+
+
+def test_sync_batch_norm_over_a_process_set():
+    first = htf.add_process_set(list(range(SIZE - 1)))
+    last = htf.add_process_set([SIZE - 1])
+    try:
+        mine = last if RANK == SIZE - 1 else first
+        _check_against_union(mine.ranks, {"comm_scope": mine}, compiled=True)
+    finally:
+        htf.remove_process_set(last)
+        htf.remove_process_set(first)
+
+
+def test_sync_batch_norm_in_keras_fit_keeps_one_set_of_statistics():
+    keras.utils.set_random_seed(3)
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(6),
+                              htf.SyncBatchNormalization(), keras.layers.Dense(3)])
+    model.compile(optimizer=htf.DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse",
+                  jit_compile=False)
+    rng = np.random.default_rng(RANK)  # every rank sees different data
+    x = (rng.normal(size=(32, 8)) + RANK).astype(np.float32)
+    y = rng.normal(size=(32, 3)).astype(np.float32)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0,
+              callbacks=[htf.keras.callbacks.BroadcastGlobalVariablesCallback(0)])
+    bn = model.layers[1]
+    stats = [bn.moving_mean.numpy(), bn.moving_variance.numpy()]
+    theirs = WORLD.bcast(stats, root=0)
+    assert all(np.allclose(a, b, rtol=1e-6) for a, b in zip(stats, theirs))
+    assert not np.allclose(stats[0], 0.0)  # the statistics did move

@@ -50,6 +50,7 @@ from .hooks import BroadcastGlobalVariablesHook
 from .info_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .optimizer import DistributedOptimizer
 from .reduce_ops import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
+from .sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
     "Average",
@@ -65,6 +66,7 @@ __all__ = [
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNormalization",
     "add_process_set",
     "allgather",
     "allgather_object",

@@ -21,6 +21,7 @@ from ...runtime import (
 from ..basics import init
 from ..functions import broadcast_variables
 from ..mpi_ops import allgather, allreduce, broadcast
+from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks
 from .optimizer import DistributedOptimizer
 
@@ -29,6 +30,7 @@ __all__ = [
     "Compression",
     "DistributedOptimizer",
     "Sum",
+    "SyncBatchNormalization",
     "allgather",
     "allgather_object",
     "allreduce",
