@@ -54,10 +54,27 @@ SESSION_THREADS = (1, 2, 0)  # 0: the default pool
 KINDS = 9
 
 
+def _watchdog_file():
+    """Where a dump goes: pytest captures stderr into a file that dies with the process, so
+    into the job's log directory (the driver shows every ``*.log`` there on failure)."""
+    logdir = os.environ.get("MPITRAIN_TEST_LOGDIR")
+    if not logdir:
+        return sys.__stderr__
+    return open(os.path.join(logdir, f"{RANK}.watchdog.log"), "a")  # noqa: SIM115
+
+
+@pytest.fixture(scope="module")
+def _watchdog_out():
+    out = _watchdog_file()
+    yield out
+    if out is not sys.__stderr__:
+        out.close()
+
+
 @pytest.fixture(autouse=True)
-def _watchdog(hvd):
+def _watchdog(hvd, _watchdog_out):
     htf.init()
-    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True, file=sys.stderr)
+    faulthandler.dump_traceback_later(WATCHDOG_S, exit=True, file=_watchdog_out)
     yield
     faulthandler.cancel_dump_traceback_later()
 
