@@ -142,6 +142,11 @@ def test_bad_input():
     tape = htf.DistributedGradientTape(tf.GradientTape())
     with pytest.raises(ValueError, match="already"):
         htf.DistributedGradientTape(tape)
+    # Horovod's local aggregation: one pass per update is accepted, several point to Keras'.
+    htf.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=1,
+                             average_aggregated_gradients=True, num_groups=2)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        htf.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
 
 
 # ------------------------------------------------------------------- training: custom loop

@@ -87,6 +87,30 @@ class GradientReducer:
         return out
 
 
+def check_one_pass(backward_passes_per_step: Any, average_aggregated_gradients: Any) -> None:
+    """Accept Horovod's local-aggregation arguments where they mean one pass per update.
+
+    Horovod can sum ``backward_passes_per_step`` backward passes locally before one allreduce;
+    mpitrain reduces every pass.  For several passes per update give the Keras 3 optimizer
+    ``gradient_accumulation_steps=N``: it averages the N reduced gradients (Horovod's
+    ``average_aggregated_gradients=True``), at the cost of N exchanges instead of one.
+
+    Raises:
+        TypeError: ``backward_passes_per_step`` is not an int.
+        ValueError: it is not 1.
+    """
+    del average_aggregated_gradients  # only meaningful with several passes
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step,
+                                                                        int):
+        raise TypeError(f"backward_passes_per_step must be an int, got "
+                        f"{backward_passes_per_step!r}")
+    if backward_passes_per_step != 1:
+        raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: mpitrain "
+                         "reduces the gradients of every backward pass; to update every N "
+                         "passes give the Keras optimizer gradient_accumulation_steps=N (it "
+                         "averages them, as Horovod's average_aggregated_gradients=True)")
+
+
 class _DistributedTapeMixin:
     """Overrides ``gradient`` of the tape class it is mixed into."""
 
