@@ -69,6 +69,22 @@ def test_example_trains_on_two_ranks(script, args, artifact, env, tmp_path):
     assert (tmp_path / artifact).exists(), sorted(p.name for p in tmp_path.iterdir())
 
 
+@needs_tf
+def test_horovods_own_keras_mnist_example_runs_on_mpitrain(tmp_path):
+    """Horovod 0.28.1's tensorflow2_keras_mnist.py, edited only for Keras 3 and offline data
+    (the edits are listed at its top), trains on two ranks and checkpoints on rank 0."""
+    script = ROOT / "examples" / "tensorflow_style" / "horovod_tensorflow2_keras_mnist.py"
+    env = {"TF_CPP_MIN_LOG_LEVEL": "3", "MPITRAIN_EXAMPLE_EPOCHS": "4",
+           "MPITRAIN_EXAMPLE_STEPS": "60"}
+    result = run_job(2, [sys.executable, str(script)], env=env, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, f"{result.stdout[-3000:]}\n{result.stderr[-5000:]}"
+    found = re.findall(r"accuracy: (\d\.\d+)", result.stdout)
+    assert found, result.stdout[-3000:]
+    print(f"horovod_tensorflow2_keras_mnist.py: accuracy {found[-1]}")
+    assert float(found[-1]) > 0.85, result.stdout[-3000:]
+    assert (tmp_path / "checkpoint-4.h5").exists(), sorted(p.name for p in tmp_path.iterdir())
+
+
 def test_gluon_trainer_trains_and_resumes_from_rank0_checkpoint(tmp_path):
     run_example("mxnet_style/gluon_trainer.py", ["--epochs", "2"], tmp_path)
     stdout, accuracy = run_example("mxnet_style/gluon_trainer.py", ["--epochs", "4"], tmp_path)
