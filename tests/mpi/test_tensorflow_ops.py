@@ -256,6 +256,25 @@ def run_function(cs):
     return _numpy(outs), _numpy(grads)
 
 
+def run_function_taped_outside(cs):
+    """The forward pass is a tf.function, its gradient is taken outside it: TensorFlow then
+    builds a backward function without automatic control dependencies (one call for all)."""
+    inputs = [[tf.constant(x) for x in c.inputs] for c in cs]
+    forward = tf.function(lambda inputs: _build(cs, inputs))
+    with tf.GradientTape() as tape:
+        tape.watch(inputs)
+        outs = forward(inputs)
+    wanted = [(k, i) for k, c in enumerate(cs) if c.upstream is not None
+              for i, u in enumerate(c.upstream) if u is not None]
+    sources = [k for k, c in enumerate(cs) if c.upstream is not None]
+    flat = tape.gradient([outs[k][i] for k, i in wanted], [inputs[k] for k in sources],
+                         output_gradients=[tf.constant(cs[k].upstream[i]) for k, i in wanted])
+    grads = [None] * len(cs)
+    for k, g in zip(sources, flat):
+        grads[k] = g
+    return _numpy(outs), _numpy(grads)
+
+
 def _delayed(x, k):
     """``x``, after a rank-dependent pause: each rank's session starts different ops first."""
     pause = 0.004 * ((k + RANK * 7) % 5)
@@ -309,13 +328,15 @@ def test_one_collective_in_each_mode(kind):
 
 
 @pytest.mark.parametrize("n", [10, 50])
-@pytest.mark.parametrize("mode", ["eager", "function", "v1"])
+@pytest.mark.parametrize("mode", ["eager", "function", "function_taped_outside", "v1"])
 def test_many_collectives_in_one_graph(mode, n):
     cs = cases(n)
     if mode == "eager":
         check(cs, *run_eager(cs))
     elif mode == "function":
         check(cs, *run_function(cs))
+    elif mode == "function_taped_outside":
+        check(cs, *run_function_taped_outside(cs))
     else:
         for outs, grads in run_v1(cs, SESSION_THREADS):
             check(cs, outs, grads)
