@@ -2,9 +2,10 @@
 
 Needs the optional extra (``pip install 'mpitrain[tensorflow]'``); ``import mpitrain`` never
 imports TensorFlow.  Collectives run through mpitrain's engine on the tensors' numpy values:
-eagerly as plain calls, inside ``tf.function`` and ``tf.compat.v1`` graphs as
-``tf.numpy_function`` ops (see :mod:`mpitrain.tensorflow._bridge` for how the order across
-ranks is kept).  XLA (``jit_compile=True``) cannot compile those ops and is refused.
+eagerly as plain calls, inside ``tf.function`` and ``tf.compat.v1`` graphs as ops that call
+``numpy`` code (see :mod:`mpitrain.tensorflow._bridge` for how every rank submits the same
+requests and why no session can deadlock on TensorFlow's thread pool).  XLA
+(``jit_compile=True``) cannot compile those ops and is refused.
 """
 
 try:
