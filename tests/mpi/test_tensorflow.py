@@ -158,6 +158,11 @@ def test_bad_input():
     tape = htf.DistributedGradientTape(tf.GradientTape())
     with pytest.raises(ValueError, match="already"):
         htf.DistributedGradientTape(tape)
+    # Horovod's local aggregation: one pass per update is accepted, several point to Keras'.
+    htf.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=1,
+                             average_aggregated_gradients=True, num_groups=2)
+    with pytest.raises(ValueError, match="gradient_accumulation_steps"):
+        htf.keras.DistributedOptimizer(keras.optimizers.SGD(0.1), backward_passes_per_step=2)
 
 
 # ------------------------------------------------------------------- training: custom loop
@@ -284,6 +289,21 @@ def test_keras_xla_is_turned_off_by_the_callbacks_and_refused_without_them():
     with pytest.raises(ValueError, match="jit_compile=False"):
         _keras_distributed(x, y, seed=1, epochs=1, batch=32, lr=0.1, jit_compile=True,
                            callbacks=[])
+
+
+def test_broadcast_callback_waits_for_a_model_built_by_its_first_batch():
+    """A Sequential without an Input has no weights when training begins (Horovod's keras
+    mnist example): the state goes out after the first batch, and the ranks end identical."""
+    keras.utils.set_random_seed(70 + RANK)
+    model = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.Dense(10)])
+    model.compile(optimizer=htf.DistributedOptimizer(keras.optimizers.Adam(0.01)),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  jit_compile=False)
+    x, y = digits(64)
+    model.fit(x[RANK::SIZE], y[RANK::SIZE], batch_size=8, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hcb.BroadcastGlobalVariablesCallback(0)])
+    assert same_on_all_ranks([v.numpy() for v in model.variables])
+    assert same_on_all_ranks([np.asarray(v) for v in model.optimizer.variables])
 
 
 def test_metric_average_callback():

@@ -2,9 +2,10 @@
 
 Needs the optional extra (``pip install 'mpitrain[tensorflow]'``); ``import mpitrain`` never
 imports TensorFlow.  Collectives run through mpitrain's engine on the tensors' numpy values:
-eagerly as plain calls, inside ``tf.function`` and ``tf.compat.v1`` graphs as
-``tf.numpy_function`` ops (see :mod:`mpitrain.tensorflow._bridge` for how the order across
-ranks is kept).  XLA (``jit_compile=True``) cannot compile those ops and is refused.
+eagerly as plain calls, inside ``tf.function`` and ``tf.compat.v1`` graphs as ops that call
+``numpy`` code (see :mod:`mpitrain.tensorflow._bridge` for how every rank submits the same
+requests and why no session can deadlock on TensorFlow's thread pool).  XLA
+(``jit_compile=True``) cannot compile those ops and is refused.
 """
 
 try:
@@ -52,11 +53,15 @@ from ..runtime import (
 )
 from . import keras
 from .basics import init
+from .broadcast_ops import broadcast, grouped_broadcast
 from .functions import broadcast_global_variables, broadcast_variables
+from .gather_ops import allgather, alltoall, grouped_allgather
 from .gradients import DistributedGradientTape, GradientReducer
 from .hooks import BroadcastGlobalVariablesHook
-from .mpi_ops import allgather, allreduce, broadcast, grouped_allreduce, grouped_broadcast
+from .info_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .optimizer import DistributedOptimizer
+from .reduce_ops import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
+from .sync_batch_norm import SyncBatchNormalization
 
 __all__ = [
     "Average",
@@ -72,10 +77,12 @@ __all__ = [
     "ProcessSet",
     "Product",
     "Sum",
+    "SyncBatchNormalization",
     "add_process_set",
     "allgather",
     "allgather_object",
     "allreduce",
+    "alltoall",
     "barrier",
     "broadcast",
     "broadcast_global_variables",
@@ -89,24 +96,32 @@ __all__ = [
     "global_process_set",
     "gloo_built",
     "gloo_enabled",
+    "grouped_allgather",
     "grouped_allreduce",
     "grouped_broadcast",
+    "grouped_reducescatter",
     "init",
     "is_homogeneous",
     "is_initialized",
     "join",
     "keras",
     "local_rank",
+    "local_rank_op",
     "local_size",
+    "local_size_op",
     "mpi_built",
     "mpi_enabled",
     "mpi_threads_supported",
     "nccl_built",
+    "process_set_included_op",
     "rank",
+    "rank_op",
+    "reducescatter",
     "remove_process_set",
     "rocm_built",
     "shutdown",
     "size",
     "start_timeline",
     "stop_timeline",
+    "size_op",
 ]

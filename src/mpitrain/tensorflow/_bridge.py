@@ -1,15 +1,21 @@
-"""How TensorFlow tensors reach mpitrain's engine: as numpy eagerly, via tf.numpy_function in graphs.
+"""How TensorFlow tensors reach mpitrain's engine: as numpy eagerly, as graph ops otherwise.
 
-Eagerly a collective is a plain call on the tensors' numpy values.  Inside a graph (a
-``tf.function`` or a ``tf.compat.v1`` graph) one collective call becomes one stateful
-``tf.numpy_function`` op that calls the same numpy code when the graph runs.
+Eagerly a collective is a plain call on the tensors' numpy values.  Inside a graph, one
+collective call becomes ops that call the same numpy code when the graph runs; what matters is
+that every rank submits the same requests and that no rank waits while holding a thread that
+another of its collectives needs:
 
-Order across ranks: inside ``tf.function`` TensorFlow runs stateful ops in program order, so
-unnamed requests are numbered by the engine at run time, identically on every rank.  A
-``tf.compat.v1`` graph has no such ordering; there each op gets a name fixed when the graph is
-built (``Graph.unique_name``, the same on every rank that builds the same graph), so the engine
-matches requests by name whatever order the session runs them in.  Callers fuse what belongs
-to one step into one op (all gradients in one ``grouped_allreduce``).
+* ``tf.function`` traced from eager code: one stateful ``tf.numpy_function``.  Automatic control
+  dependencies run stateful ops in program order, so collectives run one at a time, in the same
+  order on every rank, and unnamed requests are numbered by the engine at run time.  Functions
+  that TensorFlow builds without them (the backward function of a ``tf.function`` whose
+  gradient is taken outside it) get the same order from control dependencies added here, in
+  build order: a function runs all its stateful ops anyway, so the chain adds no work.
+* ``tf.compat.v1`` graphs (and ``tf.cond``/``tf.while_loop`` bodies inside them): a session
+  runs whatever subset of the graph a fetch needs, in any order, so each op gets a name fixed
+  when the graph is built (the same on every rank that builds the same graph) and waits for its
+  collective without holding an inter-op thread (see :mod:`._graph_async`), so no thread count
+  or scheduling order can deadlock it.
 
 XLA cannot compile a ``numpy_function``; building one under ``jit_compile=True`` is refused with
 a message that says what to change.
@@ -17,11 +23,14 @@ a message that says what to change.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
+from . import _graph_async
 
 try:  # a private helper: without it XLA is still refused, by TensorFlow's own error
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
@@ -69,26 +78,56 @@ def as_tensor(value: Any, what: str) -> tf.Tensor:
     return tensor
 
 
+def in_v1_graph() -> bool:
+    """True while building a ``tf.compat.v1`` graph (or a control-flow body inside one)."""
+    return not tf.executing_eagerly() and not tf.compat.v1.executing_eagerly_outside_functions()
+
+
+def _root_graph() -> Any:
+    graph = tf.compat.v1.get_default_graph()
+    while getattr(graph, "outer_graph", None) is not None:
+        graph = graph.outer_graph
+    return graph
+
+
 def op_name(base: str, name: str | None) -> str | None:
     """The engine name for a collective built now (see the module docstring).
 
     Returns:
         ``name`` if given; ``None`` (the engine numbers the request when it runs) eagerly and
-        inside ``tf.function``; a graph-unique name in a ``tf.compat.v1`` graph.
+        inside functions traced from eager code; in a ``tf.compat.v1`` graph a name unique in
+        the outermost graph, fixed now.
     """
     if name is not None:
         return name
-    if tf.executing_eagerly() or tf.inside_function():
+    if not in_v1_graph():
         return None
-    return "tf." + tf.compat.v1.get_default_graph().unique_name(f"mpitrain_{base}")
+    return "tf." + _root_graph().unique_name(f"mpitrain_{base}")
+
+
+# A function graph built without automatic control dependencies -> its last collective op.
+_last_in_function: weakref.WeakKeyDictionary[Any, Any] = weakref.WeakKeyDictionary()
+
+
+def _in_build_order(build: Callable[[], Any]) -> Any:
+    """Build an op that runs after the previous collective of this function graph."""
+    graph = tf.compat.v1.get_default_graph()
+    if getattr(graph, "_add_control_dependencies", False):
+        return build()  # tf.function's automatic control dependencies order it already
+    previous = _last_in_function.get(graph)
+    with tf.control_dependencies([] if previous is None else [previous]):
+        outputs = build()
+    first = outputs[0] if isinstance(outputs, (list, tuple)) else outputs
+    _last_in_function[graph] = first.op
+    return outputs
 
 
 def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
         touts: Sequence[tf.DType], shapes: Sequence[Any], what: str) -> list[tf.Tensor]:
     """Run ``fn`` (numpy arrays in, a list of numpy arrays out) on ``inputs``.
 
-    Eagerly ``fn`` runs now; in a graph it becomes one stateful ``tf.numpy_function`` whose
-    outputs get ``shapes`` (``tf.TensorShape`` or lists with ``None`` for unknown sizes).
+    Eagerly ``fn`` runs now; in a graph it becomes ops that run it (see the module docstring)
+    whose outputs get ``shapes`` (``tf.TensorShape`` or lists with ``None`` for unknown sizes).
     ``what`` is the operation's name (an identifier: it names the graph op).
 
     Raises:
@@ -102,9 +141,12 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
         results = call(*[t.numpy() for t in inputs])
         return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, touts)]
     refuse_xla(f"mpitrain.tensorflow.{what}")
-    outputs = tf.numpy_function(call, list(inputs), list(touts), stateful=True,
-                                name=f"mpitrain_{what}")
-    outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+    if in_v1_graph():
+        outputs = _graph_async.run(call, inputs, touts, what)
+    else:
+        built = _in_build_order(lambda: tf.numpy_function(
+            call, list(inputs), list(touts), stateful=True, name=f"mpitrain_{what}"))
+        outputs = list(built) if isinstance(built, (list, tuple)) else [built]
     for out, shape in zip(outputs, shapes):
         out.set_shape(shape)
     return outputs

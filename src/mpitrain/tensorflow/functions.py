@@ -8,9 +8,11 @@ from typing import Any
 import tensorflow as tf
 
 from ..process_sets import ProcessSet, global_process_set
-from .mpi_ops import grouped_broadcast
+from ._support import not_converted as _not_converted
+from .broadcast_ops import grouped_broadcast
 
 
+@_not_converted
 def broadcast_variables(variables: Iterable[Any], root_rank: int,
                         process_set: ProcessSet = global_process_set,
                         inplace: bool = False) -> Any:

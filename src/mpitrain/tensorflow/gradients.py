@@ -17,7 +17,8 @@ from .. import collectives as C
 from ..compression import Compression, Compressor
 from ..ops.types import ReduceOp
 from ..process_sets import ProcessSet, _set_of, global_process_set
-from .mpi_ops import allreduce, grouped_allreduce, set_size
+from ._support import not_converted, set_size
+from .reduce_ops import grouped_allreduce
 
 
 class GradientReducer:
@@ -66,27 +67,48 @@ class GradientReducer:
         return {"op": ReduceOp.SUM, "prescale_factor": 1.0 / self.predivide,
                 "postscale_factor": self.predivide / size}
 
+    @not_converted
     def reduce(self, grads: Sequence[Any]) -> list[Any]:
         """Return ``grads`` reduced across the process set; ``None`` stays ``None``.
 
         Every rank must call this with the same structure of gradients, in the same order.
         """
         out: list[Any] = list(grads)
-        dense: list[int] = []
-        for i, g in enumerate(out):
-            if g is None:
-                continue
-            if isinstance(g, tf.IndexedSlices):
-                if not self.sparse_as_dense:
-                    out[i] = allreduce(g, op=self.op, process_set=self.process_set)
-                    continue
-                out[i] = tf.convert_to_tensor(g)
-            dense.append(i)
-        reduced = grouped_allreduce([out[i] for i in dense], compression=self.compression,
+        present = [i for i, g in enumerate(out) if g is not None]
+        for i in present:
+            if self.sparse_as_dense and isinstance(out[i], tf.IndexedSlices):
+                out[i] = tf.convert_to_tensor(out[i])
+        # One call: the dense gradients travel as one fused request, the sparse ones
+        # (IndexedSlices) as one grouped allgather of values and one of indices.
+        reduced = grouped_allreduce([out[i] for i in present], compression=self.compression,
                                     process_set=self.process_set, **self._dense_args())
-        for i, r in zip(dense, reduced):
+        for i, r in zip(present, reduced):
             out[i] = r
         return out
+
+
+def check_one_pass(backward_passes_per_step: Any, average_aggregated_gradients: Any) -> None:
+    """Accept Horovod's local-aggregation arguments where they mean one pass per update.
+
+    Horovod can sum ``backward_passes_per_step`` backward passes locally before one allreduce;
+    mpitrain reduces every pass.  For several passes per update give the Keras 3 optimizer
+    ``gradient_accumulation_steps=N``: it averages the N reduced gradients (Horovod's
+    ``average_aggregated_gradients=True``), at the cost of N exchanges instead of one.
+
+    Raises:
+        TypeError: ``backward_passes_per_step`` is not an int.
+        ValueError: it is not 1.
+    """
+    del average_aggregated_gradients  # only meaningful with several passes
+    if isinstance(backward_passes_per_step, bool) or not isinstance(backward_passes_per_step,
+                                                                        int):
+        raise TypeError(f"backward_passes_per_step must be an int, got "
+                        f"{backward_passes_per_step!r}")
+    if backward_passes_per_step != 1:
+        raise ValueError(f"backward_passes_per_step={backward_passes_per_step}: mpitrain "
+                         "reduces the gradients of every backward pass; to update every N "
+                         "passes give the Keras optimizer gradient_accumulation_steps=N (it "
+                         "averages them, as Horovod's average_aggregated_gradients=True)")
 
 
 class _DistributedTapeMixin:
@@ -94,6 +116,7 @@ class _DistributedTapeMixin:
 
     _mpitrain_reducer: GradientReducer
 
+    @not_converted
     def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
                  unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
         """The tape's gradients, averaged across the process set (one fused request)."""

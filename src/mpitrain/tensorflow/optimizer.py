@@ -10,7 +10,7 @@ import tensorflow as tf
 from ..compression import Compression, Compressor
 from ..ops.types import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
-from .gradients import GradientReducer
+from .gradients import GradientReducer, check_one_pass
 from .keras.optimizer import DistributedOptimizer as KerasDistributedOptimizer
 from .optimizer_v1 import DistributedOptimizerV1
 
@@ -18,9 +18,11 @@ from .optimizer_v1 import DistributedOptimizerV1
 def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: bool = False,
                          device_dense: str = "", device_sparse: str = "",
                          compression: type[Compressor] = Compression.none,
-                         sparse_as_dense: bool = False, op: Any = ReduceOp.AVERAGE,
-                         gradient_predivide_factor: float = 1.0,
-                         process_set: ProcessSet = global_process_set) -> Any:
+                         sparse_as_dense: bool = False, backward_passes_per_step: int = 1,
+                         op: Any = ReduceOp.AVERAGE, gradient_predivide_factor: float = 1.0,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None, process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
     """Wrap an optimizer so that the gradients it applies are averaged across ranks.
 
     A ``tf.compat.v1.train.Optimizer`` is wrapped at ``compute_gradients`` (so ``minimize``
@@ -36,9 +38,14 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         device_sparse: accepted for Horovod compatibility.
         compression: wire format for dense floating gradients.
         sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors.
+        backward_passes_per_step: only 1 (see :func:`.gradients.check_one_pass`).
         op: Average (default) or Sum.
         gradient_predivide_factor: see :class:`GradientReducer`.
+        average_aggregated_gradients: accepted for Horovod compatibility (one pass).
+        num_groups: accepted for Horovod compatibility (one fused request per update).
+        groups: as ``num_groups``.
         process_set: the ranks taking part (default: all).
+        scale_local_gradients: accepted for Horovod compatibility.
 
     Returns:
         The distributed optimizer.
@@ -46,6 +53,7 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
     Raises:
         TypeError: ``optimizer`` is neither kind of optimizer.
     """
+    check_one_pass(backward_passes_per_step, average_aggregated_gradients)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                                   process_set)
@@ -54,4 +62,5 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer or a "
                         f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")
     return KerasDistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
-                                     sparse_as_dense, gradient_predivide_factor, op, process_set)
+                                     sparse_as_dense, gradient_predivide_factor, op,
+                                     process_set=process_set)

@@ -40,6 +40,7 @@ from ...runtime import (
 from ..basics import init
 from ..functions import broadcast_variables
 from ..mpi_ops import allgather, allreduce, broadcast
+from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks
 from .optimizer import DistributedOptimizer
 
@@ -50,6 +51,7 @@ __all__ = [
     "ProcessSet",
     "Sum",
     "add_process_set",
+    "SyncBatchNormalization",
     "allgather",
     "allgather_object",
     "allreduce",

@@ -42,10 +42,13 @@ class _MpitrainCallback(keras.callbacks.Callback):
 
 
 class BroadcastGlobalVariablesCallback(_MpitrainCallback):
-    """At the start of training, copy ``root_rank``'s weights and optimizer state everywhere.
+    """Copy ``root_rank``'s weights and optimizer state to every rank when training starts.
 
-    The optimizer is built first if it is not yet, so its slots travel too and training
-    starts from one state on every rank.
+    If the model already has its weights, that happens before the first step, after building
+    the optimizer if needed so that its slots travel too: training starts from one state
+    everywhere.  A model that creates its weights on its first call (a ``Sequential`` without
+    an ``Input``) has none to send then; its state is sent after the first batch instead, as
+    Horovod does, once the model and the optimizer exist.
 
     Args:
         root_rank: the world rank whose state wins.
@@ -62,8 +65,15 @@ class BroadcastGlobalVariablesCallback(_MpitrainCallback):
         self.broadcast_done = False
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        if self.broadcast_done:
-            return
+        # Every rank builds the same model, so every rank makes the same choice here.
+        if not self.broadcast_done and self.model.weights:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        if not self.broadcast_done:
+            self._broadcast()
+
+    def _broadcast(self) -> None:
         variables = list(self.model.weights)
         optimizer = getattr(self.model, "optimizer", None)
         if optimizer is not None:

@@ -15,7 +15,7 @@ import keras
 from ...compression import Compression, Compressor
 from ...ops.types import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
-from ..gradients import GradientReducer
+from ..gradients import GradientReducer, check_one_pass
 
 
 class _DistributedApplyMixin:
@@ -37,7 +37,10 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
                          compression: type[Compressor] = Compression.none,
                          sparse_as_dense: bool = False,
                          gradient_predivide_factor: float = 1.0, op: Any = ReduceOp.AVERAGE,
-                         process_set: ProcessSet = global_process_set) -> Any:
+                         backward_passes_per_step: int = 1,
+                         average_aggregated_gradients: bool = False, num_groups: int = 0,
+                         groups: Any = None, process_set: ProcessSet = global_process_set,
+                         scale_local_gradients: bool = True) -> Any:
     """Return a copy of a Keras 3 optimizer that averages gradients across ranks.
 
     Use it in place of the original (``model.compile(optimizer=hvd.DistributedOptimizer(opt),
@@ -53,16 +56,25 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors.
         gradient_predivide_factor: see :class:`mpitrain.tensorflow.gradients.GradientReducer`.
         op: Average (default) or Sum.
+        backward_passes_per_step: only 1 (see
+            :func:`mpitrain.tensorflow.gradients.check_one_pass` for several passes).
+        average_aggregated_gradients: accepted for Horovod compatibility (one pass).
+        num_groups: accepted for Horovod compatibility: all gradients of an update already
+            travel as one fused request, which is what Horovod's groups approximate.
+        groups: as ``num_groups``.
         process_set: the ranks taking part (default: all).
+        scale_local_gradients: accepted for Horovod compatibility (mpitrain has no
+            rank-local variables to scale).
 
     Returns:
         The distributed optimizer.
 
     Raises:
         TypeError: ``optimizer`` is not a Keras 3 optimizer.
-        ValueError: it is already distributed, or a bad op/factor.
+        ValueError: it is already distributed, a bad op/factor, or several backward passes.
     """
-    del device_dense, device_sparse
+    del device_dense, device_sparse, num_groups, groups, scale_local_gradients
+    check_one_pass(backward_passes_per_step, average_aggregated_gradients)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
                         f"{type(optimizer).__name__}")
