@@ -169,7 +169,7 @@ def _reducescatter(tensors: list[tf.Tensor], op: ReduceOp, pre: float, post: flo
 
 @_not_converted
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
-                          compression: type[Compressor] = Compression.none, op: Any = None,
+                          compression: type[Compressor] = Compression.none, op: Any = C.Average,
                           process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           name: str | None = None) -> list[tf.Tensor]:
@@ -212,7 +212,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
 
 @_not_converted
 def reducescatter(tensor: Any, device_dense: str = "",
-                  compression: type[Compressor] = Compression.none, op: Any = None,
+                  compression: type[Compressor] = Compression.none, op: Any = C.Average,
                   name: str | None = None, process_set: ProcessSet = global_process_set,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> tf.Tensor:
