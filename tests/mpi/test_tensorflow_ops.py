@@ -358,6 +358,27 @@ def test_a_fetch_runs_only_the_collectives_it_needs():
             np.testing.assert_allclose(got, [SIZE * (SIZE + 1) / 2] * 2)
 
 
+def test_collectives_inside_v1_cond_and_while_loop():
+    """Control-flow bodies are functions inside the v1 graph: their collectives are named in
+    the outer graph and wait on their own threads too."""
+    with tf.Graph().as_default():
+        take = tf.compat.v1.placeholder(tf.bool, [])
+        x = tf.fill([3], float(RANK + 1))
+        chosen = tf.cond(take, lambda: htf.allreduce(x, op=htf.Sum), lambda: x * 0)
+        _, looped = tf.while_loop(lambda i, v: i < 3,
+                                  lambda i, v: (i + 1, htf.allreduce(v, op=htf.Sum)),
+                                  [tf.constant(0), x])
+        other = htf.allgather(x)
+        with tf.compat.v1.Session() as sess:
+            for flag in (True, False, True):
+                got, again, gathered = sess.run([chosen, looped, other], {take: flag})
+                total = SIZE * (SIZE + 1) / 2
+                np.testing.assert_allclose(got, [total] * 3 if flag else [0.0] * 3)
+                # each pass sums over ranks: pass 1 gives total, then SIZE x that, twice
+                np.testing.assert_allclose(again, [total * SIZE ** 2] * 3)
+                assert gathered.shape == (3 * SIZE,)
+
+
 @pytest.mark.parametrize("mode", ["eager", "function", "v1"])
 def test_rank_and_size_ops(mode):
     def build():

@@ -70,7 +70,11 @@ def run(call: Callable[..., list[np.ndarray]], inputs: Sequence[tf.Tensor],
 
     Returns the outputs' tensors (shapes unknown; the caller sets them).
     """
+    # The outermost graph owns the entry: a tf.cond or tf.while_loop body's own graph may be
+    # collected once built, while the session still runs the function made from it.
     graph = tf.compat.v1.get_default_graph()
+    while getattr(graph, "outer_graph", None) is not None:
+        graph = graph.outer_graph
     key = next(_keys)
     _calls[key] = call
     weakref.finalize(graph, _calls.pop, key, None)

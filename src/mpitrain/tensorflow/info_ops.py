@@ -25,7 +25,8 @@ def _int_op(read: Callable[[], int], what: str, name: str | None) -> tf.Tensor:
     if tf.executing_eagerly():
         return tf.constant(read(), tf.int32)
     _bridge.refuse_xla(f"mpitrain.tensorflow.{what}")
-    out = tf.numpy_function(lambda: np.int32(read()), [], tf.int32, stateful=False,
+    # Stateful, so that no graph optimisation folds it into the value seen when optimising.
+    out = tf.numpy_function(lambda: np.int32(read()), [], tf.int32, stateful=True,
                             name=name or f"mpitrain_{what}")
     out.set_shape([])
     return out

@@ -109,7 +109,7 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     post = C._factor(postscale_factor, "postscale_factor")
     _set_of(process_set)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
-    dense = [i for i in range(len(tensors)) if i not in set(sparse)]
+    dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     converted = {i: _bridge.as_tensor(tensors[i], f"tensors[{i}]") for i in dense}
     _check_scaled(list(converted.values()), reduce_op, pre, post)
     out: list[Any] = list(tensors)
