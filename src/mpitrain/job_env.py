@@ -28,19 +28,13 @@ _exported: dict[str, tuple[str | None, str]] = {}
 def export(rank: int, size: int, local_rank: int, local_size: int, has_gpu: bool) -> None:
     """Write the job's layout where libraries look for it (see the module docstring).
 
-    Raises:
-        ValueError: one of the variables is already set to a value MPI contradicts (it came
-            from another launcher, or by hand, and training would split the data wrongly).
+    MPI's numbers replace whatever was there (an outer launcher's, or a user's): the launcher
+    check at ``init()`` (:mod:`mpitrain.launchers`) has already refused the combinations that
+    cannot work, and libraries must see the world that actually runs.  :func:`withdraw` puts
+    the previous values back.
     """
     withdraw()  # what an earlier init() exported is not somebody else's setting
     values = dict(zip(LAYOUT_VARIABLES, (rank, size, local_rank, local_size)))
-    for name, value in values.items():
-        given = os.environ.get(name)
-        if given not in (None, "") and given.strip() != str(value):
-            raise ValueError(
-                f"{name}={given} is set in the environment, but MPI says {name} is {value}. "
-                f"Libraries such as Hugging Face Trainer would split the data by {name}={given}; "
-                f"unset it (mpirun needs no {name}) or launch with the number MPI sees.")
     exports = {name: str(value) for name, value in values.items()}
     if size > 1 and not has_gpu and "ACCELERATE_USE_CPU" not in os.environ:
         exports["ACCELERATE_USE_CPU"] = "true"

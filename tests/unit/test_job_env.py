@@ -36,12 +36,13 @@ def test_user_choice_of_cpu_hint_wins(clean_env):
     assert os.environ["ACCELERATE_USE_CPU"] == "false"
 
 
-def test_agreeing_values_are_fine_and_contradicting_ones_named(clean_env):
-    clean_env.setenv("WORLD_SIZE", "4")
-    job_env.export(0, 4, 0, 4, has_gpu=True)
+def test_mpi_replaces_other_values_until_withdrawn(clean_env):
+    clean_env.setenv("WORLD_SIZE", "4")  # an outer launcher's, or the user's
     clean_env.setenv("RANK", "2")
-    with pytest.raises(ValueError, match=r"RANK=2 .*MPI says RANK is 1"):
-        job_env.export(1, 4, 1, 4, has_gpu=True)
+    job_env.export(0, 1, 0, 1, has_gpu=True)
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("0", "1")
+    job_env.withdraw()
+    assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == ("2", "4")
 
 
 def test_torch_world_of_another_size_is_refused():

@@ -1,6 +1,7 @@
 """mpitrain as a torch.distributed (c10d) backend, the way ACCL, HCCL and oneCCL plug in.
 
-``import mpitrain.torch`` (or ``import mpitrain``) calls :func:`register`, after which
+``import mpitrain.torch`` (or the first use of a name of ``import mpitrain as hvd``) calls
+:func:`register`, after which
 
     torch.distributed.init_process_group(backend="mpitrain")      # under mpirun, no env vars
 
