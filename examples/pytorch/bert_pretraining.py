@@ -291,11 +291,12 @@ def train(args: argparse.Namespace, job: Any) -> None:
         params = sum(p.numel() for p in model.parameters())
         print(f"BERT-{args.preset} ({params:,} parameters), phase {args.phase}: sequence "
               f"{args.seq_len}, {args.max_predictions} predictions, {job.size} rank(s) x "
-              f"{args.batch_size} sequences, {len(dataset):,} instances, {args.optimizer} "
+              f"{args.batch_size} sequences, {len(dataset):,} instances, a vocabulary of "
+              f"{tokens_in_vocab:,} WordPiece tokens, {args.optimizer} "
               f"lr {args.lr:g}, {job.describe(args)}", flush=True)
     bar = tqdm(total=args.max_steps, initial=step, desc=f"phase {args.phase}",
                disable=not log or args.no_progress, leave=False)
-    timed_from: tuple[int, float] | None = None
+    timed_from: tuple[int, float, float] | None = None
     first = step
     while step < args.max_steps:
         sampler.set_epoch(epoch)
@@ -310,7 +311,7 @@ def train(args: argparse.Namespace, job: Any) -> None:
             step += 1
             bar.update(1)
             if step - first == args.timing_skip:
-                timed_from = (step, time.perf_counter())
+                timed_from = (step, time.perf_counter(), time.process_time())
             if step % args.log_every == 0 or step == args.max_steps:
                 mean = job.mean(torch.stack([mlm, nsp]))
                 if log:
@@ -329,22 +330,28 @@ def train(args: argparse.Namespace, job: Any) -> None:
     bar.close()
     if step == args.stop_after_step and step < args.max_steps and log:
         print(f"stopped after step {step}; continue with --resume")
+    # Every rank's CPU seconds (all its threads) over the timed steps: on a shared machine
+    # the wall-clock rate follows the other tenants' load, the work per sequence does not.
+    cpu = job.mean(torch.tensor([time.process_time() - timed_from[2] if timed_from else 0.0],
+                                dtype=torch.float64)).item() * job.size
     if log:
-        report_throughput(args, job.size, step, timed_from)
+        report_throughput(args, job.size, step, timed_from, cpu)
     if args.report_digest:
         print(f"parameter digest: rank {job.rank} step {step} {parameter_digest(model)}",
               flush=True)
 
 
 def report_throughput(args: argparse.Namespace, size: int, step: int,
-                      timed_from: tuple[int, float] | None) -> None:
+                      timed_from: tuple[int, float, float] | None, cpu_seconds: float) -> None:
     if timed_from is None or step == timed_from[0]:
         print(f"throughput: too few steps to time (the first {args.timing_skip} are left out)")
         return
     steps, seconds = step - timed_from[0], time.perf_counter() - timed_from[1]
-    rate = steps * args.batch_size * size / seconds
+    sequences = steps * args.batch_size * size
+    rate = sequences / seconds
     print(f"throughput: {rate:.1f} sequences/s in total ({rate / size:.1f} per rank) over "
-          f"{steps} steps, {size} rank(s), sequence {args.seq_len}")
+          f"{steps} steps, {size} rank(s), sequence {args.seq_len}; "
+          f"{sequences / cpu_seconds:.1f} sequences per CPU-second")
     if args.baseline_seq_per_s:
         print(f"scaling efficiency: {100 * rate / (size * args.baseline_seq_per_s):.0f}% "
               f"({rate:.1f} / ({size} x {args.baseline_seq_per_s:g}))")
