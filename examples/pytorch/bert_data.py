@@ -3,8 +3,10 @@
 The corpus (nothing is downloaded): CPython's own documentation, as shipped with the
 interpreter, namely the language reference's help topics (``pydoc_data/topics.py``, the text
 ``help("if")`` prints) and the docstrings of the standard library's modules, classes and
-functions, read with ``ast`` from the ``.py`` files (nothing is imported).  About 1.7 MB and
-250,000 words of English prose on Python 3.11; code examples are dropped.  ``--corpus-file``
+functions, read with ``ast`` from the ``.py`` files (nothing is imported), one document per
+topic or file.  On Python 3.11: 534 documents, 15,200 sentences, 220,000 words (1.35 MB) of
+English prose once code examples are dropped; enough for a WordPiece vocabulary of ~8,600
+tokens (``--vocab-size`` stays BERT's 30,522 rows, so that model sizes are the paper's).  ``--corpus-file``
 takes any text in BERT's own format instead: one sentence per line, a blank line between
 documents.
 
@@ -21,7 +23,9 @@ From it, as in Google's ``create_pretraining_data.py`` (Devlin et al., 2019), wr
   token and 10% stay.
 
 Rank 0 builds the tokenizer and the instances once and caches them in the output directory;
-every rank then reads the same files.
+every rank then reads the same files.  Training a vocabulary is not reproducible bit for bit
+(the ``tokenizers`` trainer breaks ties differently from run to run): runs that must compare
+exactly share one output directory's ``data/``.
 """
 
 from __future__ import annotations
