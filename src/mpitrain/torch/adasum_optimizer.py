@@ -42,12 +42,12 @@ from ..compression import Compressor
 from ..ops.adasum import check_layout
 from ..ops.types import ReduceOp
 from ..process_sets import ProcessSet, _set_of
-from .optimizer import OptimizerUsageError, _positive_int, parameter_names
+from .optimizer import OptimizerUsageError, _GradientHooks, parameter_names
 
 Pending = tuple[Any, Any]  # (handle or None, compression context)
 
 
-class AdasumOptimizer(torch.optim.Optimizer):
+class AdasumOptimizer(_GradientHooks):
     """Mixed in before the wrapped optimizer's class (see :func:`wrap`)."""
 
     def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor],
@@ -136,27 +136,6 @@ class AdasumOptimizer(torch.optim.Optimizer):
         raise OptimizerUsageError("Skipping synchronization is not supported when using "
                                   "Adasum optimizer.")
         yield  # pragma: no cover - makes this a generator
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset the gradients; an error while updates are pending (see Horovod)."""
-        if self._handles:
-            raise OptimizerUsageError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                "cause a race condition.")
-        super().zero_grad(set_to_none)
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Accumulate ``passes`` backward passes locally before each local step."""
-        self.backward_passes_per_step = _positive_int(passes, "backward_passes_per_step")
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
-
-    def remove_hooks(self) -> None:
-        """Stop stepping from backward (``step()`` then does every parameter)."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
 
 
 def wrap(optimizer: torch.optim.Optimizer, named_parameters: Any,

@@ -93,7 +93,43 @@ def parameter_names(param_groups: list[dict[str, Any]],
     return {p: k for k, p in sorted(named, key=lambda kv: kv[0])}
 
 
-class _DistributedOptimizer(torch.optim.Optimizer):
+class _GradientHooks(torch.optim.Optimizer):
+    """What the hook-driven optimizers (averaging and Adasum) share: their per-parameter hooks,
+    the backward passes they count, and the reductions still pending in ``_handles``."""
+
+    _handles: dict[Any, Any]
+    _delay: dict[torch.Tensor, int]
+    _hooks: list[Any]
+    backward_passes_per_step: int
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """Reset the gradients, as torch does; an error while reductions are pending.
+
+        Raises:
+            OptimizerUsageError: called after ``backward()`` but before ``step()`` or
+                ``synchronize()`` (it would race with the reductions in flight).
+        """
+        if self._handles:
+            raise OptimizerUsageError(
+                "optimizer.zero_grad() was called after loss.backward() but before "
+                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
+                "cause a race condition.")
+        super().zero_grad(set_to_none)
+
+    def set_backward_passes_per_step(self, passes: int) -> None:
+        """Accumulate ``passes`` backward passes locally before each reduction."""
+        self.backward_passes_per_step = _positive_int(passes, "backward_passes_per_step")
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
+
+    def remove_hooks(self) -> None:
+        """Stop acting from backward."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+
+
+class _DistributedOptimizer(_GradientHooks):
     """Mixed in before the wrapped optimizer's class (see :func:`DistributedOptimizer`)."""
 
     def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor],
@@ -360,31 +396,9 @@ class _DistributedOptimizer(torch.optim.Optimizer):
     # hooked keeps Optimizer.__init__ from wrapping it a second time (hooks would run twice).
     step.hooked = True  # type: ignore[attr-defined]
 
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset the gradients, as torch does; an error while reductions are pending.
-
-        Raises:
-            OptimizerUsageError: called after ``backward()`` but before ``step()`` or
-                ``synchronize()`` (it would race with the reductions in flight).
-        """
-        if self._handles:
-            raise OptimizerUsageError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                "cause a race condition.")
-        super().zero_grad(set_to_none)
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Accumulate ``passes`` backward passes locally before each reduction."""
-        self.backward_passes_per_step = _positive_int(passes, "backward_passes_per_step")
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
-
     def remove_hooks(self) -> None:
         """Stop reducing from backward (the optimizer then steps on local gradients)."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
+        super().remove_hooks()
         self._communicates = False
 
 
