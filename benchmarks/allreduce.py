@@ -70,9 +70,9 @@ def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> in
     import mpitrain as hvd
     from mpitrain import config as config_mod
     from mpitrain import topology
+    from mpitrain.dtypes import ReduceOp
     from mpitrain.ops import collectives, mpi, shm
     from mpitrain.ops.group import Group
-    from mpitrain.ops.types import ReduceOp
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()

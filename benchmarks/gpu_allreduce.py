@@ -54,10 +54,10 @@ def _time_events(cupy: Any, fn: Any, repeats: int) -> float:
 def _kernel_row(cupy: Any, size: int, repeats: int) -> dict[str, Any]:
     from numba import cuda as numba_cuda
 
+    from mpitrain.dtypes import ReduceOp
     from mpitrain.ops import reference
     from mpitrain.ops.cuda import kernels as k
     from mpitrain.ops.cuda.pack import Packer
-    from mpitrain.ops.types import ReduceOp
 
     stream = cupy.cuda.get_current_stream()
     nstream = numba_cuda.external_stream(stream.ptr)
@@ -112,9 +112,9 @@ def allreduce(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
     import torch
 
     import mpitrain as hvd
+    from mpitrain.dtypes import ReduceOp
     from mpitrain.ops.cuda.allreduce import DeviceGroup
     from mpitrain.ops.cuda.transport import Transport
-    from mpitrain.ops.types import ReduceOp
 
     hvd.init()
     p = hvd.size()

@@ -37,9 +37,9 @@ from .collectives import (
     synchronize,
 )
 from .compression import Compression
+from .dtypes import ReduceOp
 from .engine.request import Handle
 from .errors import HorovodInternalError, MpitrainInternalError
-from .ops.types import ReduceOp
 from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
 from .runtime import (
     ccl_built,

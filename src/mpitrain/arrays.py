@@ -1,7 +1,7 @@
 """The bridge between users' arrays (torch tensors, numpy/cupy arrays) and the engine's buffers.
 
 The engine moves flat arrays of a storage type plus a logical type name (see
-:mod:`mpitrain.ops.types`).  Here a torch CPU tensor or a numpy array becomes a numpy view with
+:mod:`mpitrain.dtypes`).  Here a torch CPU tensor or a numpy array becomes a numpy view with
 no copy; a CUDA tensor, a cupy array or any ``__cuda_array_interface__`` array becomes a cupy
 view of the same device memory (DLPack for torch), again with no copy.  Results are allocated
 in the caller's framework, on the caller's device, so that what comes back is the same kind of

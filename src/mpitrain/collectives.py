@@ -22,12 +22,12 @@ import numpy as np
 import torch
 
 from . import arrays, runtime
+from .adasum_layout import check_layout
 from .compression import Compression, Compressor
+from .dtypes import ReduceOp, check_reduce_supported
 from .engine import device
 from .engine.request import Entry, Handle, Kind, Request
 from .errors import MpitrainInternalError
-from .ops.adasum import check_layout
-from .ops.types import ReduceOp, check_reduce_supported
 from .process_sets import ProcessSet, _set_of, global_process_set
 
 Average = ReduceOp.AVERAGE

@@ -18,7 +18,7 @@ import sys
 from typing import Any
 
 from . import _mpi, config, runtime
-from .ops.types import ReduceOp
+from .dtypes import ReduceOp
 from .version import __version__
 
 

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from numba import cuda
 
+from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.cuda import kernels
-from mpitrain.ops.types import STORAGE, ReduceOp
 
 N = 37
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")

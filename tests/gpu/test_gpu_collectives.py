@@ -9,9 +9,9 @@ import pytest
 import torch
 from mpi4py import MPI
 
+from mpitrain.dtypes import ReduceOp
 from mpitrain.errors import MpitrainInternalError
 from mpitrain.ops import reference
-from mpitrain.ops.types import ReduceOp
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.cuda import kernels, pack
-from mpitrain.ops.types import STORAGE, ReduceOp
 
 pytestmark = pytest.mark.world_sizes(1)
 N = 1_000_003

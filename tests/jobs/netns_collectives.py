@@ -15,8 +15,8 @@ import torch
 
 import mpitrain as hvd
 from mpitrain import runtime
+from mpitrain.dtypes import ReduceOp
 from mpitrain.ops import reference
-from mpitrain.ops.types import ReduceOp
 
 TORCH = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32,
          "float16": torch.float16, "bfloat16": torch.bfloat16}

@@ -15,9 +15,9 @@ from mpi4py import MPI
 
 from mpitrain import config as config_mod
 from mpitrain import ops, topology
+from mpitrain.dtypes import ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.group import Group
-from mpitrain.ops.types import ReduceOp
 
 MPI_CONFIGS = ("np1", "np2", "np4", "2x2", "np3")
 WORLD = MPI.COMM_WORLD

@@ -15,9 +15,9 @@ from mpi4py import MPI
 
 from mpitrain import config as config_mod
 from mpitrain import topology
+from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import collectives, reference, shm
 from mpitrain.ops.group import Group
-from mpitrain.ops.types import STORAGE, ReduceOp
 
 MPI_CONFIGS = ("np1", "np2", "np3", "np4", "2x2", "3=2+1")
 

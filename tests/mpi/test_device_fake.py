@@ -22,11 +22,11 @@ import fake_cupy  # noqa: E402
 
 cupy = fake_cupy.install()
 
+from mpitrain.dtypes import ReduceOp  # noqa: E402
 from mpitrain.ops import reference  # noqa: E402
 from mpitrain.ops.cuda import ipc, kernels, streams  # noqa: E402
 from mpitrain.ops.cuda.allreduce import DeviceGroup  # noqa: E402
 from mpitrain.ops.cuda.transport import Transport  # noqa: E402
-from mpitrain.ops.types import ReduceOp  # noqa: E402
 
 MPI_CONFIGS = ("np1", "np2", "2x2")
 WORLD = MPI.COMM_WORLD

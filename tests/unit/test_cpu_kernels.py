@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
+from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.kernels import cpu
-from mpitrain.ops.types import STORAGE, ReduceOp
 
 OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
 

@@ -6,9 +6,9 @@ import threading
 import numpy as np
 import pytest
 
+from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.cuda import ipc
-from mpitrain.ops.types import STORAGE, ReduceOp
 
 
 class Registry:

@@ -15,8 +15,8 @@ import sys
 import numpy as np
 import pytest
 
+from mpitrain.dtypes import FLOATING, STORAGE, ReduceOp
 from mpitrain.ops.cuda import kernels, ptx
-from mpitrain.ops.types import FLOATING, STORAGE, ReduceOp
 from support import ROOT
 
 SUITE_TIMEOUT = 540

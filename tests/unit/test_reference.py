@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
+from mpitrain.dtypes import ReduceOp, check_reduce_supported
 from mpitrain.ops import reference
-from mpitrain.ops.types import ReduceOp, check_reduce_supported
 
 
 def test_bfloat16_round_trip_and_rounding():

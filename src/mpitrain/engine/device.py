@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import STORAGE, ReduceOp
 from ..ops.group import Group
-from ..ops.types import STORAGE, ReduceOp
 
 CPU = "cpu"
 CUDA = "cuda"

@@ -18,8 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import ReduceOp
 from ..errors import MpitrainInternalError
-from ..ops.types import ReduceOp
 
 
 class Kind(enum.IntEnum):

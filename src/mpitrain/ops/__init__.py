@@ -7,6 +7,7 @@ The engine calls only the functions exported here.  Algorithm choice lives in
 communicators; :mod:`.kernels.cpu` holds the numba reductions, :mod:`.kernels.adasum` Adasum's.
 """
 
+from ..dtypes import FLOATING, INTEGER, STORAGE, ReduceOp, check_reduce_supported, itemsize
 from .adasum import AdasumLayoutError, check_layout
 from .collectives import (
     allgather,
@@ -19,7 +20,6 @@ from .collectives import (
     reducescatter,
 )
 from .group import Group
-from .types import FLOATING, INTEGER, STORAGE, ReduceOp, check_reduce_supported, itemsize
 
 __all__ = [
     "AdasumLayoutError",

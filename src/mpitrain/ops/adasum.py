@@ -38,52 +38,17 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ..adasum_layout import AdasumLayoutError, check_layout
+from ..dtypes import FLOATING, STORAGE
 from .group import Group
 from .kernels import adasum as kernels
 from .kernels import cpu
 from .slices import balanced
-from .types import FLOATING, STORAGE
 
 __all__ = ["AdasumLayoutError", "Transport", "allreduce", "check_layout", "reducescatter",
            "vhdd"]
 
 _TAG = 0x0ADA  # the data-plane communicators carry nothing else at the same time
-
-
-class AdasumLayoutError(ValueError, NotImplementedError):
-    """The ranks cannot run Adasum: not a power of two of them (or of nodes, hierarchical).
-
-    A ``ValueError`` like mpitrain's other caller mistakes, and a ``NotImplementedError`` as
-    Horovod raises for the same calls, so either ``except`` clause catches it.
-    """
-
-
-def _power_of_two(n: int) -> bool:
-    return n > 0 and n & (n - 1) == 0
-
-
-def check_layout(topology: Any, hierarchical: bool) -> None:
-    """Raise unless Adasum can run on ``topology`` (a :class:`mpitrain.topology.Topology`).
-
-    Raises:
-        AdasumLayoutError: flat, the number of ranks is not a power of two; hierarchical,
-            the nodes differ in size or their number is not a power of two.
-    """
-    if not hierarchical:
-        if not _power_of_two(topology.size):
-            raise AdasumLayoutError(
-                f"op=Adasum needs a power-of-two number of ranks; this process set has "
-                f"{topology.size} (Horovod raises NotImplementedError here too)")
-        return
-    if not topology.is_homogeneous:
-        raise AdasumLayoutError(
-            f"hierarchical Adasum (MPITRAIN_ADASUM_HIERARCHICAL=1) needs the same number of "
-            f"ranks on every node; the node sizes are {list(topology.node_sizes)}")
-    if not _power_of_two(topology.num_nodes):
-        raise AdasumLayoutError(
-            f"hierarchical Adasum (MPITRAIN_ADASUM_HIERARCHICAL=1) needs a power-of-two "
-            f"number of nodes; there are {topology.num_nodes} (of {topology.local_size} "
-            f"ranks each)")
 
 
 class Transport(Protocol):

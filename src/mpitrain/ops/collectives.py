@@ -27,11 +27,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from ..dtypes import ReduceOp
 from . import adasum, channels, hierarchical, mpi, ring, shm
 from .group import Group
 from .kernels import cpu
 from .mpi import allgather_int, alltoall, alltoall_int, barrier
-from .types import ReduceOp
 
 # Measured crossover (benchmarks/allreduce.py, five runs on the 2-core machine, shared with
 # other jobs, see README): the size from which shm/hierarchical beat MPI's Allreduce at every

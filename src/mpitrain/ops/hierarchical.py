@@ -31,10 +31,10 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import ReduceOp
 from . import ring, shm
 from .scratch import Scratch
 from .slices import balanced
-from .types import ReduceOp
 
 
 def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,

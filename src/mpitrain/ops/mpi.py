@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..dtypes import ReduceOp
 from . import reference
 from .group import Group
-from .types import ReduceOp
 
 _MPI_OPS = {
     ReduceOp.SUM: MPI.SUM,

@@ -23,11 +23,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..dtypes import ReduceOp
 from .kernels import cpu
 from .mpi import same_memory
 from .scratch import Scratch
 from .slices import balanced
-from .types import ReduceOp
 
 _TAG = 0x5249  # "RI"; the group's communicator carries nothing else concurrently
 

@@ -39,11 +39,11 @@ from typing import Any
 
 import numpy as np
 
+from ..dtypes import ReduceOp
 from . import cma
 from .kernels import cpu
 from .scratch import Scratch
 from .slices import balanced
-from .types import ReduceOp
 
 
 class Node:

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from .. import collectives as C
 from ..compression import Compressor
-from ..ops.types import ReduceOp
+from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet
 from . import _bridge
 from ._support import set_rank, set_size

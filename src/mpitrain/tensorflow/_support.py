@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import tensorflow as tf
 
 from .. import runtime
-from ..ops.types import ReduceOp
+from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, _set_of, global_process_set
 
 FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)

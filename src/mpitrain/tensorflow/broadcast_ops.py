@@ -17,7 +17,7 @@ import tensorflow as tf
 
 from .. import collectives as C
 from .. import runtime
-from ..ops.types import ReduceOp
+from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from . import _bridge, _engine_ops, reduce_ops
 from ._support import differentiable, zeros_after

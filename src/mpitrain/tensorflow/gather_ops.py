@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..ops.types import ReduceOp
+from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, _set_of, global_process_set
 from . import _bridge, _engine_ops, reduce_ops
 from ._support import differentiable, set_rank, set_size, zeros_for_none

@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from .. import collectives as C
 from ..compression import Compression, Compressor
-from ..ops.types import ReduceOp
+from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, _set_of, global_process_set
 from ._support import not_converted, set_size
 from .reduce_ops import grouped_allreduce

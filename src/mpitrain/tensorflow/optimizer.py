@@ -8,7 +8,7 @@ import keras
 import tensorflow as tf
 
 from ..compression import Compression, Compressor
-from ..ops.types import ReduceOp
+from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from .gradients import GradientReducer, check_one_pass
 from .keras.optimizer import DistributedOptimizer as KerasDistributedOptimizer

@@ -19,7 +19,7 @@ import tensorflow as tf
 
 from .. import collectives as C
 from ..compression import Compression, Compressor
-from ..ops.types import ReduceOp, check_reduce_supported
+from ..dtypes import ReduceOp, check_reduce_supported
 from ..process_sets import ProcessSet, _set_of, global_process_set
 from . import _bridge, _engine_ops, gather_ops
 from ._support import check_linear, differentiable, set_size, zeros_for_none

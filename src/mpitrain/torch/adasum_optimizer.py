@@ -38,9 +38,9 @@ import torch
 
 from .. import collectives as C
 from .. import runtime
+from ..adasum_layout import check_layout
 from ..compression import Compressor
-from ..ops.adasum import check_layout
-from ..ops.types import ReduceOp
+from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, _set_of
 from .optimizer import OptimizerUsageError, _GradientHooks, parameter_names
 

@@ -19,7 +19,7 @@ import torch
 
 from .. import collectives as C
 from ..compression import Compression, Compressor
-from ..ops.types import ReduceOp
+from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 
 

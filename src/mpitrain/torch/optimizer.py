@@ -36,8 +36,8 @@ import torch
 from .. import collectives as C
 from .. import runtime
 from ..compression import Compression, Compressor
+from ..dtypes import ReduceOp
 from ..engine.request import Handle
-from ..ops.types import ReduceOp
 from ..process_sets import ProcessSet, _set_of, global_process_set
 from . import flat_buckets
 from .mpi_ops import sparse_allreduce_async

@@ -25,10 +25,10 @@ from typing import Any
 
 import numpy as np
 
+from ...dtypes import STORAGE, ReduceOp
 from .. import mpi as mpi_ops
 from ..collectives import allreduce as host_allreduce
 from ..group import Group
-from ..types import STORAGE, ReduceOp
 from . import ipc, kernels, streams, transport
 from .pack import Packer
 from .runtime import require

@@ -29,8 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from ...dtypes import STORAGE, ReduceOp
 from ..slices import balanced as owner_slices
-from ..types import STORAGE, ReduceOp
 
 MIN_WINDOW_BYTES = 1 << 20  # the first window; later ones at least double
 

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from ..types import FLOATING, STORAGE, ReduceOp
+from ...dtypes import FLOATING, STORAGE, ReduceOp
 from .helpers import device_helper
 
 cuda: Any

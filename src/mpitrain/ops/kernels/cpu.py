@@ -24,7 +24,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from ..types import ReduceOp
+from ...dtypes import STORAGE, ReduceOp
 
 # Chunk of one source that the algorithms reduce at a time: with p sources plus the float32
 # accumulator this stays inside the 2 MiB L2 / 32 MiB L3 of the machines we measured on,
@@ -173,7 +173,6 @@ def acc_dtype(dtype: str) -> np.dtype:
         return np.dtype(np.float64)
     if dtype == "bool":
         return np.dtype(np.uint8)
-    from ..types import STORAGE
     return STORAGE[dtype]
 
 
@@ -273,7 +272,6 @@ def warm_up(dtypes: Sequence[str] = ("float32",)) -> None:
             if dtype in _warm:
                 continue
             _warm.add(dtype)
-            from ..types import STORAGE
             x = np.zeros(4, dtype=STORAGE[dtype])
             acc = np.empty(4, dtype=acc_dtype(dtype))
             tmp = np.empty(4, dtype=np.float32)

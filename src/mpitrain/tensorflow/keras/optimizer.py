@@ -13,7 +13,7 @@ from typing import Any
 import keras
 
 from ...compression import Compression, Compressor
-from ...ops.types import ReduceOp
+from ...dtypes import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
 from ..gradients import GradientReducer, check_one_pass
 

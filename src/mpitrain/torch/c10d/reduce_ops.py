@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...ops.types import ReduceOp
+from ...dtypes import ReduceOp
 
 _RED: Any = dist.ReduceOp.RedOpType  # the stubs do not list the members
 _ENGINE_OPS = {
