@@ -75,7 +75,7 @@ def main() -> None:
                       ("mpi4py Allreduce (one at a time)", run_mpi)):
         fn()  # warm-up: negotiation caches, numba compilation
         rows.append((label, _timed(fn, args.repeats) / n * 1e6))
-    stats = hvd.runtime.state().engine.stats()
+    stats = hvd.session.engine().stats()
     if hvd.rank() == 0:
         print(f"engine overhead, {hvd.size()} ranks, {n} tensors of 4 float32, median of "
               f"{args.repeats}")

@@ -118,7 +118,7 @@ def allreduce(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
 
     hvd.init()
     p = hvd.size()
-    group = hvd.runtime.state().engine.process_set(0).group
+    group = hvd.session.engine().process_set(0).group
     staging = DeviceGroup(group, cuda_aware=False, force=Transport.HOST_STAGING)
     comm = group.comm
     rows = []

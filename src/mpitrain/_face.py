@@ -40,7 +40,7 @@ from .compression import Compression
 from .dtypes import ReduceOp
 from .engine.request import Handle
 from .errors import HorovodInternalError, MpitrainInternalError
-from .process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from .process_sets import ProcessSet, global_process_set
 from .runtime import (
     ccl_built,
     cross_rank,
@@ -49,7 +49,6 @@ from .runtime import (
     ddl_built,
     gloo_built,
     gloo_enabled,
-    init,
     is_homogeneous,
     is_initialized,
     local_rank,
@@ -60,9 +59,9 @@ from .runtime import (
     nccl_built,
     rank,
     rocm_built,
-    shutdown,
     size,
 )
+from .session import add_process_set, init, remove_process_set, shutdown
 from .torch.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
 from .torch.functions import broadcast_optimizer_state, broadcast_parameters
 from .torch.mpi_ops import (

@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import runtime
+from .engine.device import cuda_available, require_cupy
 from .memory import RECYCLER
 
 _TORCH_NAMES = {
@@ -58,8 +60,15 @@ def is_cuda(x: Any) -> bool:
 
 
 def _cupy(what: str) -> Any:
-    from .ops.cuda import require
-    return require(what)
+    return require_cupy(what)
+
+
+def reduced_in_place(tensor: torch.Tensor) -> bool:
+    """Whether the data plane reduces ``tensor`` where it lives: CPU memory always, a CUDA
+    tensor when the GPU data plane can run here; anything else goes through a host copy."""
+    if tensor.device.type == "cpu":
+        return True
+    return tensor.device.type == "cuda" and cuda_available()
 
 
 def dtype_name(x: Any, what: str = "tensor") -> str:
@@ -117,7 +126,6 @@ def current_stream(x: Any) -> int:
 
 def _check_bound_device(x: Any, what: str) -> None:
     """A CUDA tensor must be on the device this rank was bound to at init()."""
-    from . import runtime
     bound = runtime.state().device if runtime.is_initialized() else None
     index = device_index(x)
     if bound is not None and index != bound:

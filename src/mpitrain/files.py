@@ -13,8 +13,7 @@ import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
 
-from . import collectives as C
-from . import runtime
+from . import collectives, runtime
 
 Writer = Callable[[BinaryIO], None]
 
@@ -81,7 +80,7 @@ def save_on_rank0(fname: str | os.PathLike[str], data: bytes) -> None:
     """
     if runtime.rank() == 0:
         write_atomic(fname, data)
-    C.barrier()
+    collectives.barrier()
 
 
 def read(fname: str | os.PathLike[str]) -> bytes:

@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from . import _mpi, config, runtime
+from . import _mpi, config, runtime, session
 from .dtypes import ReduceOp
 from .version import __version__
 
@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.env:
         _print_env()
         return 0
-    runtime.init()
+    session.init()
     info = collect()
     if runtime.rank() == 0:
         if args.json:
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
             _print_table(info)
         sys.stdout.flush()
     ok = info["allreduce_check"]["got"] == info["allreduce_check"]["expected"]
-    runtime.shutdown()
+    session.shutdown()
     return 0 if ok else 1
 
 

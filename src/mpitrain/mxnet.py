@@ -20,7 +20,8 @@ from .collectives import (
 from .compression import Compression
 from .kvstore.optimizer import SGD, Adam, Optimizer
 from .kvstore.trainer import DistributedTrainer, broadcast_parameters
-from .runtime import init, is_initialized, local_rank, local_size, rank, shutdown, size
+from .runtime import is_initialized, local_rank, local_size, rank, size
+from .session import init, shutdown
 
 __all__ = [
     "SGD",

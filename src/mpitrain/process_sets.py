@@ -2,7 +2,9 @@
 
 ``global_process_set`` (id 0) is every rank.  Other sets are registered collectively, by every
 rank in the same order, at init (``init(process_sets=[...])``) or later with
-:func:`add_process_set`; :func:`remove_process_set` retires one.
+:func:`mpitrain.session.add_process_set`; :func:`mpitrain.session.remove_process_set` retires
+one.  This module is ground floor: the set objects and the registry of ids the engine gave
+them; registering is the session's business, because the engine negotiates it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,6 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from . import runtime
-from .engine.request import Kind, Request
 
 
 class ProcessSet:
@@ -42,7 +43,7 @@ class ProcessSet:
                 raise ValueError(f"ProcessSet ranks must be distinct, got {ranks}")
             self.ranks = sorted(ranks)
 
-    def _resolve_ranks(self) -> list[int]:
+    def resolve_ranks(self) -> list[int]:
         """Ranks of a set made from a communicator, as ranks of the job (collective on it)."""
         if self._comm is not None and not self.ranks:
             state = runtime.state()
@@ -84,8 +85,13 @@ global_process_set = ProcessSet([])
 global_process_set.process_set_id = 0
 
 
-def _set_of(process_set: ProcessSet | None) -> int:
-    """The registered id of ``process_set`` (the global set for None)."""
+def set_id_of(process_set: ProcessSet | None) -> int:
+    """The registered id of ``process_set`` (the global set for None).
+
+    Raises:
+        TypeError: not a ProcessSet.
+        ValueError: not registered.
+    """
     if process_set is None:
         return 0
     if not isinstance(process_set, ProcessSet):
@@ -95,81 +101,72 @@ def _set_of(process_set: ProcessSet | None) -> int:
     return process_set.process_set_id
 
 
-def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
-    """Register a process set; every rank must call this, in the same order.
-
-    Returns:
-        The registered ProcessSet (the one passed in, now with an id).
-
-    Raises:
-        ValueError: the ranks are out of range, or the set is already registered.
-    """
-    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
-    if ps.process_set_id is not None:
-        raise ValueError(f"{ps!r} is already registered")
-    state = runtime.state()
-    ranks = ps._resolve_ranks()
-    size = state.topology.size
-    bad = [r for r in ranks if not 0 <= r < size]
-    if bad or not ranks:
-        raise ValueError(f"process set ranks {ranks} must be non-empty and within 0..{size - 1}")
-    engine = state.engine
-    request = Request(name=engine.next_name(0, Kind.ADD_SET), kind=Kind.ADD_SET, entries=[],
-                      payload=tuple(ranks))
-    ps.process_set_id = engine.submit(request).wait()
-    ps.ranks = ranks
-    _registered[ps.process_set_id] = ps
-    return ps
+def size_of(process_set: ProcessSet | None) -> int:
+    """Number of ranks in a registered ``process_set`` (the job for None): what adapters ask
+    when they scale by the set's size.  Raises like :func:`set_id_of`."""
+    ps = global_process_set if process_set is None else process_set
+    set_id_of(ps)
+    return len(ps.ranks)
 
 
-def remove_process_set(process_set: ProcessSet) -> bool:
-    """Retire a process set; every rank must call this, in the same order.
-
-    Returns:
-        True once removed; False when it was not registered.
+def rank_in(process_set: ProcessSet | None) -> int:
+    """This process's rank within a registered ``process_set`` it belongs to.
 
     Raises:
-        ValueError: an attempt to remove the global process set.
+        ValueError: not registered, or this process is not a member.
     """
-    set_id = process_set.process_set_id
-    if set_id == 0:
-        raise ValueError("the global process set cannot be removed")
-    if set_id is None:
-        return False
-    engine = runtime.state().engine
-    request = Request(name=engine.next_name(0, Kind.REMOVE_SET), kind=Kind.REMOVE_SET,
-                      entries=[], payload=set_id)
-    try:
-        engine.submit(request).wait()
-    except ValueError:
-        return False
-    process_set.process_set_id = None
-    _registered.pop(set_id, None)
-    return True
+    ps = global_process_set if process_set is None else process_set
+    set_id_of(ps)
+    me = runtime.rank()
+    if me not in ps.ranks:
+        raise ValueError(f"rank {me} is not a member of {ps!r}")
+    return ps.ranks.index(me)
 
 
-_registered: dict[int, ProcessSet] = {}
+class Registry:
+    """The sets registered now (besides the global one), by the id the engine gave them."""
+
+    def __init__(self) -> None:
+        self._sets: dict[int, ProcessSet] = {}
+
+    def remember(self, process_set: ProcessSet, set_id: int, ranks: list[int]) -> None:
+        process_set.process_set_id = set_id
+        process_set.ranks = ranks
+        self._sets[set_id] = process_set
+
+    def forget(self, process_set: ProcessSet) -> None:
+        if process_set.process_set_id is not None:
+            self._sets.pop(process_set.process_set_id, None)
+        process_set.process_set_id = None
+
+    def forget_all(self) -> None:
+        for ps in self._sets.values():
+            ps.process_set_id = None
+        self._sets.clear()
+
+    def get(self, set_id: int) -> ProcessSet:
+        """The set registered under ``set_id`` (0: the global set).
+
+        Raises:
+            ValueError: no set has that id.
+        """
+        if set_id == 0:
+            return global_process_set
+        if set_id not in self._sets:
+            raise ValueError(f"no process set is registered with id {set_id}")
+        return self._sets[set_id]
+
+    def in_order(self) -> list[ProcessSet]:
+        return [self._sets[i] for i in sorted(self._sets)]
+
+
+registry = Registry()
 
 
 def registered_process_sets() -> list[ProcessSet]:
     """The process sets registered now (besides the global one), in registration order."""
-    return [_registered[i] for i in sorted(_registered)]
+    return registry.in_order()
 
 
-def on_init(process_sets: Sequence[ProcessSet] | str | None) -> None:
-    """Register the sets passed to init() (called by runtime.init)."""
-    global_process_set.ranks = list(range(runtime.size()))
-    if process_sets is None or isinstance(process_sets, str):
-        if isinstance(process_sets, str) and process_sets != "dynamic":
-            raise ValueError(f"init(process_sets={process_sets!r}): pass a list of ProcessSet "
-                             "objects or 'dynamic'")
-        return
-    for ps in process_sets:
-        add_process_set(ps)
-
-
-def on_shutdown() -> None:
-    """Forget registrations: ids are meaningless after the engine stops."""
-    for ps in _registered.values():
-        ps.process_set_id = None
-    _registered.clear()
+__all__ = ["ProcessSet", "Registry", "global_process_set", "rank_in", "registered_process_sets",
+           "registry", "set_id_of", "size_of"]

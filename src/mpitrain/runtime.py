@@ -1,38 +1,34 @@
-"""init/shutdown and the rank queries: the process-wide state every other layer reads.
+"""The ground floor: configuration, topology, communicators and device binding, and the rank
+queries every layer reads.
 
-``init()`` reads the configuration once, duplicates the job's communicator, works out the node
-layout, binds the device, starts the background engine and arms the abort-on-error hook.  All
-later layers get what they need from here; nothing below reads the environment again.
+:func:`start` (called by :func:`mpitrain.session.init`, which then starts the engine on top)
+reads the configuration once, duplicates the job's communicator, works out the node layout and
+binds the device.  Nothing here knows the engine: tearing everything above the communicators
+down and building it again (elastic training) leaves this floor standing.  No layer reads the
+environment again after :func:`start`.
 """
 
 from __future__ import annotations
 
-import atexit
 import sys
 import threading
 import traceback
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from . import _mpi, binding, failure, job_env, launchers, topology
 from . import config as config_module
 from .errors import not_initialized
 from .topology import Communicators, Topology
 
-if TYPE_CHECKING:
-    from .engine.engine import Engine
-    from .process_sets import ProcessSet
-
 
 @dataclass
 class State:
-    """Everything init() established, torn down by shutdown()."""
+    """Everything start() established, torn down by stop()."""
 
     config: config_module.Config
     topology: Topology
     comms: Communicators
-    engine: Engine
     thread_level: int
     device: int | None
     cpu_threads: int | None
@@ -40,7 +36,6 @@ class State:
 
 _state: State | None = None
 _lock = threading.RLock()
-_atexit_registered = False
 _hook_installed = False
 
 
@@ -71,29 +66,24 @@ def _resolve_comm(MPI: Any, comm: Any) -> Any:
                     f"not {type(comm).__name__}")
 
 
-def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
-    """Initialise mpitrain: communicators, topology, device binding and the engine.
+def start(comm: Any = None) -> State:
+    """Establish the ground floor: communicators, topology, device binding (collective).
 
-    Every rank of ``comm`` must call this, in the same order (it is collective).  Calling it
-    again while initialised does nothing.
-
-    Args:
-        comm: ``None`` for MPI_COMM_WORLD, an mpi4py communicator (duplicated), or a list of
-            world ranks that form the job.
-        process_sets: ProcessSet objects to register now (every rank passes the same list), or
-            ``"dynamic"`` (accepted for Horovod compatibility: sets may always be added later).
+    Every rank of ``comm`` must call this, in the same order.  Called by
+    :func:`mpitrain.session.init`; see there for ``comm``.
 
     Raises:
         ValueError: this process is not part of ``comm``, or the rank list is malformed.
         TypeError: ``comm`` is neither a communicator nor a list of ranks.
+        RuntimeError: already started (session.init checks first).
         mpitrain.launchers.LauncherMismatchError: a launcher started several processes but MPI
             sees a world of one (torchrun, srun without PMI, another MPI's mpirun); see
             :mod:`mpitrain.launchers`.
     """
-    global _state, _atexit_registered
+    global _state
     with _lock:
         if _state is not None:
-            return
+            raise RuntimeError("mpitrain's runtime is already started")
         MPI = _mpi.load()
         cfg = config_module.load()
         launchers.check_world(MPI.COMM_WORLD.Get_size(), cfg.allow_singleton,
@@ -107,52 +97,31 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         job_env.export(topo.rank, topo.size, topo.local_rank, topo.local_size,
                        has_gpu=binding.cuda_device_count() > 0)
         threads = binding.set_cpu_threads(topo.machine_local_size) if cfg.set_cpu_threads else None
-
-        from .engine.engine import Engine
-
-        if device is not None:
-            # A GPU job: decide once, at init, whether MPI takes device pointers.
-            from .engine.device import cuda_awareness
-            cuda_awareness(cfg.cuda_aware_mpi)
-        failure.arm(comms.world, topo)  # collective: before the engine thread uses MPI
-        engine = Engine(cfg, topo, comms)
-        _state = State(config=cfg, topology=topo, comms=comms, engine=engine,
+        failure.arm(comms.world, topo)  # collective: before any thread above uses MPI
+        _state = State(config=cfg, topology=topo, comms=comms,
                        thread_level=MPI.Query_thread(), device=device, cpu_threads=threads)
-        engine.start()
         if cfg.abort_on_error:
             _install_abort_hook()
-        if not _atexit_registered:
-            atexit.register(shutdown)
-            _atexit_registered = True
-
-    from . import process_sets as ps_module
-
-    ps_module.on_init(process_sets)
+        return _state
 
 
-def shutdown() -> None:
-    """Stop the engine and free mpitrain's communicators; requests in flight fail.
-
-    Safe to call more than once, and called automatically at interpreter exit.
-    """
+def stop() -> None:
+    """Free the communicators and withdraw the exported job variables (after the engine
+    stopped).  Does nothing when not started."""
     global _state
     with _lock:
         state, _state = _state, None
     if state is None:
         return
-    from . import process_sets as ps_module
-
     try:
-        state.engine.stop()
-    finally:
-        ps_module.on_shutdown()
         failure.disarm()
+    finally:
         state.comms.free()
         job_env.withdraw()
 
 
 def is_initialized() -> bool:
-    """Return True between init() and shutdown()."""
+    """Return True between init() and shutdown() (between start() and stop())."""
     return _state is not None
 
 

@@ -18,7 +18,8 @@ import threading
 from typing import Any
 
 from . import runtime
-from .process_sets import ProcessSet, add_process_set, global_process_set
+from .process_sets import ProcessSet, global_process_set
+from .session import add_process_set
 
 GLOBAL = "global"
 LOCAL = "local"

@@ -72,7 +72,7 @@ def test_allreduce_of_cuda_tensors_matches_the_reference(hvd, name, op_name):
 
 
 def test_many_small_tensors_are_fused_into_few_device_collectives(hvd):
-    engine = hvd.runtime.state().engine
+    engine = hvd.session.engine()
     before = engine.stats()["collectives"]
     tensors = [_host(RANK, 1 + 37 * i, torch.float32, seed=i).cuda() for i in range(60)]
     handles = [hvd.allreduce_async_(t, name=f"fused.{i}", op=hvd.Sum)
@@ -126,7 +126,7 @@ def test_broadcast_and_allgather_of_cuda_tensors(hvd):
 
 
 def test_transport_of_this_configuration(hvd):
-    executor = hvd.runtime.state().engine.process_set(0).executor
+    executor = hvd.session.engine().process_set(0).executor
     hvd.allreduce(torch.ones(8, device="cuda"), name="transport.probe")
     dg = executor.device._device_group
     assert dg is not None

@@ -91,7 +91,7 @@ def test_scale_factors(hvd):
 def test_grouped_tensors_keep_their_own_dot_products(hvd):
     counts, seeds = [5, 0, 1000, 33, 1], [10, 11, 12, 13, 14]
     want = expected(counts, seeds)
-    executor = hvd.runtime.state().engine.process_set(0).executor
+    executor = hvd.session.engine().process_set(0).executor
     before = executor.fused_tensors
     outs = hvd.grouped_allreduce([rank_tensor(RANK, n, s) for n, s in zip(counts, seeds)],
                                  op=hvd.Adasum)

@@ -18,7 +18,7 @@ from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 import mpitrain
-from mpitrain import runtime
+from mpitrain import session
 from mpitrain.torch.c10d import ProcessGroupMpitrain
 
 WORLD = MPI.COMM_WORLD
@@ -296,7 +296,7 @@ def assert_same_on_every_rank(module: torch.nn.Module) -> None:
 @pytest.mark.parametrize("bucket_cap_mb", [25, 0.0005], ids=["one_bucket", "many_buckets"])
 def test_stock_ddp_mpitrain_equals_stock_ddp_gloo(pg, gloo, bucket_cap_mb):
     mpi_group, gloo_group = pg, gloo
-    engine = runtime.state().engine
+    engine = session.engine()
     before = engine.stats()["collectives"]
     a = DDP(make_model(seed=RANK), process_group=mpi_group, bucket_cap_mb=bucket_cap_mb)
     b = DDP(make_model(seed=RANK), process_group=gloo_group, bucket_cap_mb=bucket_cap_mb)

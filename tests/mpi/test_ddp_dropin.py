@@ -16,7 +16,7 @@ from ddp_common import make_model, train_lockstep
 from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
-from mpitrain import runtime
+from mpitrain import session
 from mpitrain.torch.nn.parallel import DistributedDataParallel as DDP
 
 WORLD = MPI.COMM_WORLD
@@ -112,7 +112,7 @@ def test_buckets_are_reduced_during_backward(hvd):
     """Overlap: all but the buckets still open at the end went out from gradient hooks."""
     model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(6)])
     a = DDP(model, bucket_cap_mb=0.01)
-    engine = runtime.state().engine
+    engine = session.engine()
     before = engine.stats()["collectives"]
     a(torch.randn(8, 64)).sum().backward()
     assert len(a.reducer.buckets) >= 6

@@ -61,7 +61,7 @@ def _close(got, want):
 
 
 def _device_group(hvd, **config):
-    group = hvd.runtime.state().engine.process_set(0).group
+    group = hvd.session.engine().process_set(0).group
     if config:
         group = dataclasses.replace(group, config=dataclasses.replace(group.config, **config))
     return group
@@ -92,7 +92,7 @@ def test_a_fused_bucket_is_packed_reduced_and_unpacked(hvd):
 
 def test_the_transport_follows_the_topology(hvd):
     hvd.allreduce(cupy.asarray(np.ones(4, np.float32)), name="probe")
-    dg = hvd.runtime.state().engine.process_set(0).executor.device._device_group
+    dg = hvd.session.engine().process_set(0).executor.device._device_group
     topo = hvd.runtime.state().topology
     kinds = [t for _, t in dg.phases]
     if topo.local_size == 1:

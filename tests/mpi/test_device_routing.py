@@ -23,7 +23,7 @@ def _allreduce_request(name, data, device):
 
 
 def test_a_cpu_gpu_mismatch_is_a_clear_error_on_every_rank(hvd):
-    engine = hvd.runtime.state().engine
+    engine = hvd.session.engine()
     device = "cuda" if RANK == 1 else "cpu"
     handle = engine.submit(_allreduce_request("mixed.devices", np.ones(4, np.float32), device))
     with pytest.raises(MpitrainInternalError,
@@ -60,7 +60,7 @@ class StandInDevice:
 
 
 def test_cuda_buckets_go_to_the_device_layer_fused_and_cpu_ones_do_not(hvd):
-    engine = hvd.runtime.state().engine
+    engine = hvd.session.engine()
     executor = engine.process_set(0).executor
     real = executor.device
     executor.device = stand_in = StandInDevice(executor.group)

@@ -14,7 +14,7 @@ RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 
 
 def stats(hvd):
-    return hvd.runtime.state().engine.stats()
+    return hvd.session.engine().stats()
 
 
 def test_thousand_tiny_allreduces_travel_fused(hvd):

@@ -15,7 +15,7 @@ import torch
 from mpi4py import MPI
 
 import mpitrain
-from mpitrain import runtime
+from mpitrain import runtime, session
 from mpitrain.scopes import local_process_set
 
 WORLD = MPI.COMM_WORLD
@@ -48,7 +48,7 @@ def batch(rank: int, sizes: list[int], shape: tuple[int, ...], step: int,
 
 def set_collectives(process_set: mpitrain.ProcessSet) -> int:
     set_id = process_set.process_set_id or 0
-    executor = runtime.state().engine.process_set(set_id).executor
+    executor = session.engine().process_set(set_id).executor
     return executor.collectives
 
 

@@ -225,7 +225,7 @@ def test_shared_buckets_reduce_without_copies(hvd):
     reduced where it lies, every step; zero_grad() keeps torch's meaning."""
     model = _model()
     opt = hvd.DistributedOptimizer(_sgd(model), model.named_parameters(), groups=1)
-    engine = hvd.runtime.state().engine
+    engine = hvd.session.engine()
     views = {id(p): v for p, v in opt._views.items()}
     for step in range(3):
         x, y = _batch(step, 0)

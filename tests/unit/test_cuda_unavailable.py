@@ -85,9 +85,9 @@ def test_a_tensor_on_another_device_than_the_bound_one(monkeypatch):
 
 
 def test_grouped_tensors_on_two_kinds_of_device_are_refused():
-    from mpitrain import collectives
+    from mpitrain.collectives import requests
     with pytest.raises(ValueError, match=r"share a device, got \['cpu', 'cuda:1'\]"):
-        collectives._device([torch.zeros(4), FakeDeviceArray()])
+        requests.device_kind([torch.zeros(4), FakeDeviceArray()])
 
 
 def test_cuda_aware_setting_parses_and_warns_on_nonsense():

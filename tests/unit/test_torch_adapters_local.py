@@ -8,9 +8,10 @@ import torch
 import torch.distributed as dist
 
 import mpitrain
+from mpitrain.collectives import buckets as gradient_buckets
+from mpitrain.engine import buckets
 from mpitrain.engine.request import Completion, Handle, Kind, Request
 from mpitrain.scopes import check_scope
-from mpitrain.torch import flat_buckets
 from mpitrain.torch.c10d import reduce_ops, rendezvous
 from mpitrain.torch.c10d.work import Progress, Work
 from mpitrain.torch.nn.parallel.reducer import reachable_parameters
@@ -35,19 +36,21 @@ def test_check_scope():
 def test_bucket_assignment_caps_and_dtypes():
     params = [torch.zeros(100), torch.zeros(100), torch.zeros(10, dtype=torch.float64),
               torch.zeros(300), torch.zeros(50)]
-    groups = flat_buckets.assign(params, cap_bytes=800, first_cap_bytes=400)
+    items = [((p.dtype, p.device), p.numel() * p.element_size()) for p in params]
+    groups = [[params[i] for i in g]
+              for g in buckets.plan(items, cap_bytes=800, first_cap_bytes=400)]
     sizes = [[p.numel() for p in g] for g in groups]
     # First bucket closes at 400 bytes (100 floats), later ones at 800; float64 on its own.
     assert sizes == [[100], [100, 300], [10], [50]]
     assert all(len({p.dtype for p in g}) == 1 for g in groups)
     with pytest.raises(ValueError, match=">= 0"):
-        flat_buckets.assign(params, cap_bytes=-1)
+        buckets.plan(items, cap_bytes=-1)
 
 
 def test_buckets_are_views_of_one_zeroed_buffer():
     params = [torch.ones(2, 3), torch.ones(4)]
-    (bucket,) = flat_buckets.build([params], lambda n: np.full(n, 0xFF, dtype=np.uint8),
-                                   extra_per_param=1)
+    (bucket,) = gradient_buckets.build([params], lambda n: np.full(n, 0xFF, dtype=np.uint8),
+                                       extra_per_param=1)
     assert bucket.flat.numel() == 6 + 4 + 2 and bucket.numel == 10
     assert torch.count_nonzero(bucket.flat) == 0
     bucket.views[1].fill_(7)

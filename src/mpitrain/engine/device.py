@@ -18,6 +18,8 @@ from typing import Any
 import numpy as np
 
 from ..dtypes import STORAGE, ReduceOp
+from ..ops import allreduce as host_allreduce
+from ..ops.cuda import available, require
 from ..ops.group import Group
 
 CPU = "cpu"
@@ -32,10 +34,20 @@ def is_cuda(meta: tuple[Any, ...]) -> bool:
 @functools.cache
 def cuda_awareness(setting: str) -> Any:
     """Whether this process's MPI takes device pointers; detected once per process."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # importing mpi4py.MPI initialises MPI: only once init() runs
 
-    from ..ops.cuda import transport
+    from ..ops.cuda import transport  # loads the CUDA transports: only for a GPU job
     return transport.detect(setting, MPI.Get_library_version())
+
+
+def cuda_available() -> bool:
+    """Whether the GPU data plane can run here (cupy importable and a GPU visible)."""
+    return available()
+
+
+def require_cupy(what: str) -> Any:
+    """cupy, or :class:`mpitrain.ops.cuda.CudaUnavailableError` naming ``what`` needed it."""
+    return require(what)
 
 
 def mark_ready(stream_pointers: Sequence[int]) -> list[tuple[Any, Any]]:
@@ -45,7 +57,6 @@ def mark_ready(stream_pointers: Sequence[int]) -> list[tuple[Any, Any]]:
     gradient the backward pass has not written yet) and makes the same streams wait for its
     results.  Returns (event, stream) pairs, one per distinct stream.
     """
-    from ..ops.cuda import require
     cupy = require("a collective on CUDA tensors")
     marks = []
     for pointer in dict.fromkeys(stream_pointers):
@@ -58,13 +69,11 @@ def mark_ready(stream_pointers: Sequence[int]) -> list[tuple[Any, Any]]:
 
 def to_device(array: Any) -> Any:
     """A cupy view of a device array; a host array (a joined rank's zeros) is uploaded."""
-    from ..ops.cuda import require
     cupy = require("a collective on CUDA tensors")
     return cupy.asarray(array)
 
 
 def to_host(array: Any) -> np.ndarray:
-    from ..ops.cuda import require
     cupy = require("a collective on CUDA tensors")
     return np.ascontiguousarray(cupy.asnumpy(array))
 
@@ -114,8 +123,6 @@ class DeviceLayer:
                        postscale: float) -> None:
         """Adasum of device arrays on host copies (no device kernels for it, as in Horovod
         built without NCCL): packed on the host, reduced by the CPU data plane, copied back."""
-        from ..ops import allreduce as host_allreduce
-
         for request in requests:
             for event, _stream in (getattr(request, "ready", None) or ()):
                 event.synchronize()  # the producer's writes, before the download

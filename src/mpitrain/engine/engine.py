@@ -16,6 +16,7 @@ import contextlib
 import sys
 import threading
 import time
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +25,7 @@ import numpy as np
 from .. import ops, topology
 from ..config import Config
 from ..errors import MpitrainInternalError
+from . import buckets
 from .executor import Executor
 from .negotiation import Negotiator, Response, wait_for
 from .request import Completion, Handle, Kind, Request
@@ -111,6 +113,34 @@ class Engine:
 
     def set_ids(self) -> list[int]:
         return sorted(self._sets)
+
+    # ------------------------------------------------------------------ gradient buckets
+    def plan_buckets(self, items: Sequence[tuple[Hashable, int]],
+                     cap_bytes: int | None = None,
+                     first_cap_bytes: int | None = buckets.FIRST_BUCKET_BYTES
+                     ) -> list[list[int]]:
+        """Group (key, nbytes) items into gradient buckets (see :mod:`.buckets`).
+
+        The cap is the fusion threshold unless the caller names one (DDP's ``bucket_cap_mb``);
+        ``first_cap_bytes=None`` caps the first bucket like the others.
+        """
+        cap = self.config.fusion_threshold if cap_bytes is None else cap_bytes
+        return buckets.plan(items, cap, cap if first_cap_bytes is None else first_cap_bytes)
+
+    def bucket_memory(self, set_id: int, nbytes: int) -> np.ndarray:
+        """A zeroed byte buffer for a gradient bucket of ``set_id``, from the memory the data
+        plane reduces from fastest.  Not collective.
+
+        Raises:
+            ValueError: this rank is not a member of the set.
+        """
+        group = self.process_set(set_id).group
+        if group is None:
+            raise ValueError(f"this rank is not a member of process set {set_id}; it has no "
+                             "gradient buckets there")
+        memory = group.shared_empty(nbytes)
+        memory[:] = 0
+        return memory
 
     # ------------------------------------------------------------------ submission
     def start(self) -> None:

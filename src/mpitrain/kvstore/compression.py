@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from .. import collectives as C
+from .. import collectives
 from ..compression import Compression
 from ..engine.request import Handle
 
@@ -87,7 +87,7 @@ class GradientCompression:
         compressor = {"fp16": Compression.fp16, "bf16": Compression.bf16}.get(
             self.type, Compression.none)
         wire, ctx = compressor.compress(merged)
-        handle = C.allreduce_async(wire.contiguous(), name=name, op=C.Sum)
+        handle = collectives.allreduce_async(wire.contiguous(), name=name, op=collectives.Sum)
         return handle, lambda out: compressor.decompress(out, ctx)
 
     def _start_2bit(self, key: Any, merged: torch.Tensor,
@@ -101,7 +101,7 @@ class GradientCompression:
         residual.sub_(pos.to(torch.float32) * t).add_(neg.to(torch.float32) * t)
         codes = pos.to(torch.uint8) * 3 + neg.to(torch.uint8) * 2  # MXNet's 11 / 10 / 00
         packed = _pack(codes.flatten())
-        handle = C.allgather_async(packed, name=name)
+        handle = collectives.allgather_async(packed, name=name)
         n, shape, dtype = merged.numel(), merged.shape, merged.dtype
 
         def finish(gathered: torch.Tensor) -> torch.Tensor:

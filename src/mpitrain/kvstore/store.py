@@ -18,9 +18,8 @@ from typing import Any
 
 import torch
 
-from .. import collectives as C
+from .. import collectives, runtime, session
 from .. import files as _files
-from .. import runtime
 from .compression import Finish, GradientCompression
 from .optimizer import Optimizer, Updater, as_torch
 
@@ -126,7 +125,7 @@ class KVStore:
         if pending is None:
             return
         handle, finish = pending
-        merged = finish(C.synchronize(handle))
+        merged = finish(collectives.synchronize(handle))
         stored = self._store[key]
         if self._updater is None:
             stored.copy_(merged)
@@ -157,9 +156,9 @@ class KVStore:
                 raise ValueError(f"init: key {k!r} takes one value, got {len(values)}")
             copy = as_torch(values[0], f"value of key {k!r}").clone().contiguous()
             self._store[k] = copy
-            handles.append(C.broadcast_async_(copy, 0, name=self._name("init", k)))
+            handles.append(collectives.broadcast_async_(copy, 0, name=self._name("init", k)))
         for h in handles:
-            C.synchronize(h)
+            collectives.synchronize(h)
 
     def push(self, key: Any, value: Any, priority: int = 0) -> None:
         """Sum ``value`` (a list of values is summed first) into the key across all ranks.
@@ -265,7 +264,7 @@ class KVStore:
     def barrier(self) -> None:
         """Return once every rank has called barrier (pending pushes finish first)."""
         self._settle_all()
-        C.barrier()
+        collectives.barrier()
 
     def is_capable(self, capability: str) -> bool:
         """Whether the store supports ``capability`` (``KVStore.OPTIMIZER``: yes).
@@ -297,5 +296,5 @@ def create(name: str = "dist_sync_mpi") -> KVStore:
                 "update in step)" if "async" in name else "")
         raise ValueError(f"unknown KVStore type {name!r}{hint}; use one of {sorted(TYPES)}")
     if not runtime.is_initialized():
-        runtime.init()
+        session.init()
     return KVStore(name)

@@ -21,11 +21,10 @@ from typing import Any
 
 import torch
 
-from .. import collectives as C
+from .. import collectives
 from .. import files as _files
-from .. import runtime
 from ..compression import Compression, Compressor
-from ..process_sets import ProcessSet, _set_of, global_process_set
+from ..process_sets import ProcessSet, global_process_set, size_of
 from ..torch.functions import broadcast_parameters as _broadcast_parameters
 from .optimizer import Optimizer, Updater, as_torch
 from .optimizer import create as create_optimizer
@@ -247,22 +246,22 @@ class DistributedTrainer(Trainer):
                  gradient_predivide_factor: float = 1.0, prefix: str | None = None,
                  process_set: ProcessSet = global_process_set) -> None:
         super().__init__(params, optimizer, optimizer_params, kvstore=None)
-        factor = C._factor(gradient_predivide_factor, "gradient_predivide_factor")
+        factor = collectives.scale_factor(gradient_predivide_factor, "gradient_predivide_factor")
         if factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be positive, got {factor}")
         self._predivide = factor
         self._compression = compression
         self._prefix = prefix or ""
         self._process_set = process_set
-        size = len(runtime.state().engine.process_set(_set_of(process_set)).world_ranks)
+        size = size_of(process_set)
         self._scale *= factor / size  # the sum of gradients becomes their average
 
     def _allreduce_grads(self, grads: list[tuple[int, torch.Tensor, bool]]) -> None:
         tensors = [g for _, g, _ in grads]
         if not tensors:
             return
-        reduced = C.grouped_allreduce(tensors, name=f"{self._prefix}DistributedTrainer.grads",
-                                      compression=self._compression, op=C.Sum,
+        reduced = collectives.grouped_allreduce(tensors, name=f"{self._prefix}DistributedTrainer.grads",
+                                      compression=self._compression, op=collectives.Sum,
                                       prescale_factor=1.0 / self._predivide,
                                       process_set=self._process_set)
         for g, r in zip(tensors, reduced):

@@ -29,7 +29,7 @@ from ..collectives import (
 )
 from ..compression import Compression
 from ..errors import HorovodInternalError, MpitrainInternalError
-from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ..process_sets import ProcessSet, global_process_set
 from ..runtime import (
     ccl_built,
     cross_rank,
@@ -48,9 +48,9 @@ from ..runtime import (
     nccl_built,
     rank,
     rocm_built,
-    shutdown,
     size,
 )
+from ..session import add_process_set, remove_process_set, shutdown
 from . import keras
 from .basics import init
 from .broadcast_ops import broadcast, grouped_broadcast

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from .. import collectives as C
+from .. import collectives
 from ..compression import Compressor
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet
@@ -28,7 +28,7 @@ def allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: floa
     engine_name = _bridge.op_name("allreduce", name)
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        return C.grouped_allreduce(list(arrays), name=engine_name, compression=compression,
+        return collectives.grouped_allreduce(list(arrays), name=engine_name, compression=compression,
                                    op=op, prescale_factor=pre, postscale_factor=post,
                                    process_set=process_set)
 
@@ -46,7 +46,7 @@ def allgather(tensors: Sequence[tf.Tensor], name: str | None,
     engine_name = _bridge.op_name("allgather", name)
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        return C.grouped_allgather(list(arrays), name=engine_name, process_set=process_set)
+        return collectives.grouped_allgather(list(arrays), name=engine_name, process_set=process_set)
 
     return _bridge.run(fn, tensors, [t.dtype for t in tensors],
                        [_gathered_shape(t) for t in tensors], "allgather")
@@ -58,11 +58,11 @@ def broadcast(tensors: Sequence[tf.Tensor], root_rank: int, name: str | None,
     engine_name = _bridge.op_name("broadcast", name)
 
     def fn(*arrays: np.ndarray) -> list[Any]:
-        handles = [C.broadcast_async(a, root_rank,
+        handles = [collectives.broadcast_async(a, root_rank,
                                      None if engine_name is None else f"{engine_name}.{i}",
                                      process_set)
                    for i, a in enumerate(arrays)]
-        return [C.synchronize(h) for h in handles]
+        return [collectives.synchronize(h) for h in handles]
 
     return _bridge.run(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
                        "broadcast")
@@ -81,7 +81,7 @@ def alltoall(tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None,
     splits_t = splits if given else tf.zeros([size], tf.int32)
 
     def fn(a: np.ndarray, s: np.ndarray) -> list[np.ndarray]:
-        out, received = C.alltoall(a, splits=s if given else None, name=engine_name,
+        out, received = collectives.alltoall(a, splits=s if given else None, name=engine_name,
                                    process_set=process_set)
         return [out, np.asarray(received, dtype=np.int32)]
 
@@ -106,7 +106,7 @@ def reducescatter(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: 
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
         pairs = [compression.compress(a) for a in arrays]
-        outs = C.grouped_reducescatter([p[0] for p in pairs], name=engine_name, op=op,
+        outs = collectives.grouped_reducescatter([p[0] for p in pairs], name=engine_name, op=op,
                                        prescale_factor=pre, postscale_factor=post,
                                        process_set=process_set)
         return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]

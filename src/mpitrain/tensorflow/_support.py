@@ -12,9 +12,8 @@ from typing import Any, TypeVar
 
 import tensorflow as tf
 
-from .. import runtime
 from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, _set_of, global_process_set
+from ..process_sets import ProcessSet, global_process_set, rank_in, size_of
 
 FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -29,12 +28,12 @@ def not_converted(fn: _F) -> _F:
 
 def set_size(process_set: ProcessSet = global_process_set) -> int:
     """Number of ranks in ``process_set`` (which must be registered)."""
-    return len(runtime.state().engine.process_set(_set_of(process_set)).world_ranks)
+    return size_of(process_set)
 
 
 def set_rank(process_set: ProcessSet = global_process_set) -> int:
     """This process's rank within ``process_set``."""
-    return int(runtime.state().engine.process_set(_set_of(process_set)).rank)
+    return rank_in(process_set)
 
 
 def differentiable(tensors: Sequence[tf.Tensor]) -> bool:

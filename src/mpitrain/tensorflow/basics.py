@@ -8,7 +8,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import runtime
+from .. import runtime, session
 from ..process_sets import ProcessSet
 
 
@@ -19,7 +19,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
     gets the same share for its intra-op pool, so ranks on one machine do not oversubscribe
     it.  That is only possible before TensorFlow runs its first op; later it is left alone.
     """
-    runtime.init(comm, process_sets)
+    session.init(comm, process_sets)
     threads = runtime.state().cpu_threads
     if threads:
         # Once TensorFlow has run an op its pools are fixed (RuntimeError): leave them be.

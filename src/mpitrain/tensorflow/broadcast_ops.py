@@ -15,8 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import collectives as C
-from .. import runtime
+from .. import collectives, runtime
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from . import _bridge, _engine_ops, reduce_ops
@@ -36,7 +35,7 @@ def grouped_broadcast(tensors: Sequence[Any], root_rank: int, name: str | None =
         ValueError: ``root_rank`` is not in the process set, or XLA is compiling the step.
     """
     converted = [_bridge.as_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    C._set_rank(process_set, root_rank)
+    collectives.requests.rank_within(process_set, root_rank)
     if not converted:
         return []
     return _engine_ops.broadcast(converted, int(root_rank), name, process_set)
@@ -56,7 +55,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
     """
     del ignore_name_scope
     x = _bridge.as_tensor(tensor, "tensor")
-    C._set_rank(process_set, root_rank)
+    collectives.requests.rank_within(process_set, root_rank)
     root = int(root_rank)
     if not differentiable([x]):
         return _engine_ops.broadcast([x], root, name, process_set)[0]

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, _set_of, global_process_set
+from ..process_sets import ProcessSet, global_process_set, set_id_of
 from . import _bridge, _engine_ops, reduce_ops
 from ._support import differentiable, set_rank, set_size, zeros_for_none
 from ._support import not_converted as _not_converted
@@ -68,7 +68,7 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
         raise TypeError(f"grouped_allgather takes a list or tuple of tensors, got "
                         f"{type(tensors).__name__}")
     converted = [_bridge.as_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    _set_of(process_set)
+    set_id_of(process_set)
     if not converted:
         return []
     return _allgather(converted, name, process_set)
@@ -88,7 +88,7 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
     """
     del ignore_name_scope
     x = _bridge.as_tensor(tensor, "tensor")
-    _set_of(process_set)
+    set_id_of(process_set)
     return _allgather([x], name, process_set)[0]
 
 
@@ -132,7 +132,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     x = _bridge.as_tensor(tensor, "tensor")
     if x.shape.rank == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension, got a scalar")
-    _set_of(process_set)
+    set_id_of(process_set)
     size = set_size(process_set)
     splits_t = None if splits is None else _splits_tensor(splits, size)
     if not differentiable([x]):

@@ -13,10 +13,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import collectives as C
+from .. import collectives
 from ..compression import Compression, Compressor
 from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, _set_of, global_process_set
+from ..process_sets import ProcessSet, global_process_set, set_id_of
 from ._support import not_converted, set_size
 from .reduce_ops import grouped_allreduce
 
@@ -41,11 +41,11 @@ class GradientReducer:
                  sparse_as_dense: bool = False, op: Any = ReduceOp.AVERAGE,
                  gradient_predivide_factor: float = 1.0,
                  process_set: ProcessSet = global_process_set) -> None:
-        self.op = C._resolve_op(op, None)
+        self.op = collectives.resolve_op(op, None)
         if self.op not in (ReduceOp.AVERAGE, ReduceOp.SUM):
             raise ValueError(f"gradients are reduced with op=Average or op=Sum, got "
                              f"op={self.op.name.title()}")
-        factor = C._factor(gradient_predivide_factor, "gradient_predivide_factor")
+        factor = collectives.scale_factor(gradient_predivide_factor, "gradient_predivide_factor")
         if factor <= 0:
             raise ValueError(f"gradient_predivide_factor must be positive, got {factor}")
         if factor != 1.0 and self.op != ReduceOp.AVERAGE:
@@ -54,7 +54,7 @@ class GradientReducer:
         if not (isinstance(compression, type) and issubclass(compression, Compressor)):
             raise TypeError(f"compression must be one of mpitrain.Compression's compressors, "
                             f"got {compression!r}")
-        _set_of(process_set)
+        set_id_of(process_set)
         self.compression = compression
         self.sparse_as_dense = bool(sparse_as_dense)
         self.predivide = factor

@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 from .. import runtime
+from ..process_sets import registry, size_of
 from . import _bridge
 from ._support import not_converted as _not_converted
 
@@ -33,14 +34,14 @@ def _int_op(read: Callable[[], int], what: str, name: str | None) -> tf.Tensor:
 
 
 def _set_size(process_set_id: int) -> int:
-    return len(runtime.state().engine.process_set(int(process_set_id)).world_ranks)
+    return size_of(registry.get(int(process_set_id)))
 
 
 def _included(process_set_id: int) -> int:
     if not runtime.is_initialized():
         return PROCESS_SET_ERROR_INIT
     try:
-        ranks = runtime.state().engine.process_set(int(process_set_id)).world_ranks
+        ranks = registry.get(int(process_set_id)).ranks
     except ValueError:
         return PROCESS_SET_ERROR_UNKNOWN_SET
     return int(runtime.rank() in ranks)

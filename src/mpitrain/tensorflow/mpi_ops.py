@@ -6,7 +6,7 @@ the module name Horovod users know.
 """
 
 from ..collectives import Average, Max, Min, Product, Sum, join
-from ..process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ..process_sets import ProcessSet, global_process_set
 from ..runtime import (
     cross_rank,
     cross_size,
@@ -17,9 +17,9 @@ from ..runtime import (
     mpi_enabled,
     mpi_threads_supported,
     rank,
-    shutdown,
     size,
 )
+from ..session import add_process_set, remove_process_set, shutdown
 from ._support import set_rank, set_size
 from .basics import init
 from .broadcast_ops import broadcast, grouped_broadcast

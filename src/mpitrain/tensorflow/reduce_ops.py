@@ -17,10 +17,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import collectives as C
+from .. import collectives
 from ..compression import Compression, Compressor
 from ..dtypes import ReduceOp, check_reduce_supported
-from ..process_sets import ProcessSet, _set_of, global_process_set
+from ..process_sets import ProcessSet, global_process_set, set_id_of
 from . import _bridge, _engine_ops, gather_ops
 from ._support import check_linear, differentiable, set_size, zeros_for_none
 from ._support import not_converted as _not_converted
@@ -104,10 +104,10 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"grouped_allreduce takes a list or tuple of tensors, got "
                         f"{type(tensors).__name__}")
-    reduce_op = C._resolve_op(op, average)
-    pre = C._factor(prescale_factor, "prescale_factor")
-    post = C._factor(postscale_factor, "postscale_factor")
-    _set_of(process_set)
+    reduce_op = collectives.resolve_op(op, average)
+    pre = collectives.scale_factor(prescale_factor, "prescale_factor")
+    post = collectives.scale_factor(postscale_factor, "postscale_factor")
+    set_id_of(process_set)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     converted = {i: _bridge.as_tensor(tensors[i], f"tensors[{i}]") for i in dense}
@@ -169,7 +169,7 @@ def _reducescatter(tensors: list[tf.Tensor], op: ReduceOp, pre: float, post: flo
 
 @_not_converted
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
-                          compression: type[Compressor] = Compression.none, op: Any = C.Average,
+                          compression: type[Compressor] = Compression.none, op: Any = collectives.Average,
                           process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           name: str | None = None) -> list[tf.Tensor]:
@@ -195,10 +195,10 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"grouped_reducescatter takes a list or tuple of tensors, got "
                         f"{type(tensors).__name__}")
-    reduce_op = C._resolve_op(op, None)
-    pre = C._factor(prescale_factor, "prescale_factor")
-    post = C._factor(postscale_factor, "postscale_factor")
-    _set_of(process_set)
+    reduce_op = collectives.resolve_op(op, None)
+    pre = collectives.scale_factor(prescale_factor, "prescale_factor")
+    post = collectives.scale_factor(postscale_factor, "postscale_factor")
+    set_id_of(process_set)
     converted = [_bridge.as_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
     _check_scaled(converted, reduce_op, pre, post)
     for i, t in enumerate(converted):
@@ -212,7 +212,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
 
 @_not_converted
 def reducescatter(tensor: Any, device_dense: str = "",
-                  compression: type[Compressor] = Compression.none, op: Any = C.Average,
+                  compression: type[Compressor] = Compression.none, op: Any = collectives.Average,
                   name: str | None = None, process_set: ProcessSet = global_process_set,
                   ignore_name_scope: bool = False, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> tf.Tensor:

@@ -36,18 +36,16 @@ from typing import Any
 
 import torch
 
-from .. import collectives as C
-from .. import runtime
-from ..adasum_layout import check_layout
+from .. import collectives
 from ..compression import Compressor
 from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, _set_of
-from .optimizer import OptimizerUsageError, _GradientHooks, parameter_names
+from ..process_sets import ProcessSet, size_of
+from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names
 
 Pending = tuple[Any, Any]  # (handle or None, compression context)
 
 
-class AdasumOptimizer(_GradientHooks):
+class AdasumOptimizer(GradientHooks):
     """Mixed in before the wrapped optimizer's class (see :func:`wrap`)."""
 
     def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor],
@@ -57,8 +55,7 @@ class AdasumOptimizer(_GradientHooks):
         self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.process_set = process_set
-        state = runtime.state().engine.process_set(_set_of(process_set))
-        self._communicates = state.member
+        self._communicates = bool(process_set.included())
         self._requires_update = [p for group in self.param_groups for p in group["params"]
                                  if p.requires_grad]
         self._delay = {p: backward_passes_per_step for p in self._requires_update}
@@ -96,7 +93,7 @@ class AdasumOptimizer(_GradientHooks):
         # .data: autograd's version counter is left alone, as the wrapped step leaves it.
         p.data.sub_(start)
         compressed, ctx = self._compression.compress(p.data)
-        handle = C.allreduce_async_(compressed, name=self._names[p], op=ReduceOp.ADASUM,
+        handle = collectives.allreduce_async_(compressed, name=self._names[p], op=ReduceOp.ADASUM,
                                     process_set=self.process_set)
         return handle, ctx
 
@@ -115,7 +112,7 @@ class AdasumOptimizer(_GradientHooks):
         # Everything is submitted before anything is waited for: ranks may order differently.
         try:
             for p, (handle, ctx) in self._handles.items():
-                update = self._compression.decompress(C.synchronize(handle), ctx)
+                update = self._compression.decompress(collectives.synchronize(handle), ctx)
                 start = self._starts[p]
                 start.add_(update)
                 p.data.copy_(start)
@@ -148,11 +145,9 @@ def wrap(optimizer: torch.optim.Optimizer, named_parameters: Any,
         AdasumLayoutError: the process set is not a power of two of ranks (or of nodes,
             hierarchical): a ``ValueError``, and the ``NotImplementedError`` Horovod raises.
     """
-    state = runtime.state().engine.process_set(_set_of(process_set))
-    if len(state.world_ranks) == 1:
+    if size_of(process_set) == 1:
         return None
-    if state.group is not None:
-        check_layout(state.group.topology, state.group.config.adasum_hierarchical)
+    collectives.check_adasum_layout(process_set)
     cls = type(optimizer.__class__.__name__, (AdasumOptimizer, optimizer.__class__), {})
     wrapped: torch.optim.Optimizer = cls(optimizer.param_groups, named_parameters, compression,
                                          backward_passes_per_step, process_set)

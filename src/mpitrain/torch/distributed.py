@@ -25,9 +25,9 @@ from typing import Any
 
 import torch
 
-from .. import runtime
-from ..engine.request import Handle, Kind, Request
-from ..process_sets import ProcessSet, _set_of, global_process_set
+from .. import collectives, runtime, session
+from ..collectives import Handle
+from ..process_sets import ProcessSet, global_process_set
 from . import functions
 
 use_mpitrain = True
@@ -47,7 +47,7 @@ def init_process_group(backend: str | None = None, init_method: str | None = Non
         ValueError: ``world_size`` or ``rank`` was given and disagrees with MPI.
     """
     del backend, init_method, store, group_name, pg_options, device_id
-    runtime.init()
+    session.init()
     if world_size not in (-1, None) and int(world_size) != runtime.size():
         raise ValueError(f"init_process_group(world_size={world_size}) disagrees with MPI's "
                          f"{runtime.size()} processes; leave it at -1 under mpirun")
@@ -64,7 +64,7 @@ def destroy_process_group(group: Any = None) -> None:
     del group
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
-    runtime.shutdown()
+    session.shutdown()
 
 
 def is_initialized() -> bool:
@@ -114,12 +114,7 @@ def barrier(group: ProcessSet | None = None, async_op: bool = False,
         otherwise None, after everyone has.
     """
     del device_ids
-    process_set = global_process_set if group is None else group
-    set_id = _set_of(process_set)
-    engine = runtime.state().engine
-    request = Request(name=engine.next_name(set_id, Kind.BARRIER), kind=Kind.BARRIER,
-                      entries=[], process_set_id=set_id)
-    handle: Handle = engine.submit(request)
+    handle = collectives.barrier_async(global_process_set if group is None else group)
     if async_op:
         return handle
     handle.wait()

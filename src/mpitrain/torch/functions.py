@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import collectives as C
+from .. import collectives
 from ..collectives import allgather_object, broadcast_object
 from ..process_sets import ProcessSet, global_process_set
 
@@ -65,10 +65,10 @@ def broadcast_parameters(params: Any, root_rank: int = 0, prefix: str | None = N
         if not isinstance(value, (torch.Tensor, np.ndarray)):
             raise TypeError(f"parameter {name!r} is a {type(value).__name__}, not a tensor")
         request_name = None if name is None else f"{prefix or ''}broadcast_parameters.{name}"
-        handles.append(C.broadcast_async_(value, root_rank, name=request_name,
+        handles.append(collectives.broadcast_async_(value, root_rank, name=request_name,
                                           process_set=process_set))
     for h in handles:
-        C.synchronize(h)
+        collectives.synchronize(h)
 
 
 def _sparse_parameter_ids(optimizer: torch.optim.Optimizer,

@@ -17,29 +17,15 @@ from typing import Any
 
 import torch
 
-from .. import collectives as C
+from .. import collectives
 from ..compression import Compression, Compressor
 from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, global_process_set
+from ..process_sets import ProcessSet, global_process_set, rank_in, size_of
 
 
 def _differentiable(*tensors: Any) -> bool:
     return torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
-
-
-def _set_size(process_set: ProcessSet) -> int:
-    from .. import runtime
-
-    set_id = process_set.process_set_id if process_set.process_set_id is not None else 0
-    return len(runtime.state().engine.process_set(set_id).world_ranks)
-
-
-def _set_rank(process_set: ProcessSet) -> int:
-    from .. import runtime
-
-    set_id = process_set.process_set_id if process_set.process_set_id is not None else 0
-    return int(runtime.state().engine.process_set(set_id).rank)
 
 
 def _linear_op(op: ReduceOp) -> None:
@@ -54,13 +40,13 @@ class _Allreduce(torch.autograd.Function):
     def forward(ctx: Any, tensor: torch.Tensor, name: str | None, op: ReduceOp, pre: float,
                 post: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.args = (op, pre, post, process_set)
-        return C.synchronize(C.allreduce_async(tensor, None, name, op, pre, post, process_set))
+        return collectives.synchronize(collectives.allreduce_async(tensor, None, name, op, pre, post, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         op, pre, post, process_set = ctx.args
         _linear_op(op)
-        reduced = C.allreduce(grad.contiguous(), op=op, prescale_factor=pre,
+        reduced = collectives.allreduce(grad.contiguous(), op=op, prescale_factor=pre,
                               postscale_factor=post, process_set=process_set)
         return reduced, None, None, None, None, None
 
@@ -70,14 +56,14 @@ class _GroupedAllreduce(torch.autograd.Function):
     def forward(ctx: Any, name: str | None, op: ReduceOp, pre: float, post: float,
                 process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.args = (op, pre, post, process_set)
-        handle = C.grouped_allreduce_async(list(tensors), None, name, op, pre, post, process_set)
-        return tuple(C.synchronize(handle))
+        handle = collectives.grouped_allreduce_async(list(tensors), None, name, op, pre, post, process_set)
+        return tuple(collectives.synchronize(handle))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         op, pre, post, process_set = ctx.args
         _linear_op(op)
-        reduced = C.grouped_allreduce([g.contiguous() for g in grads], op=op,
+        reduced = collectives.grouped_allreduce([g.contiguous() for g in grads], op=op,
                                       prescale_factor=pre, postscale_factor=post,
                                       process_set=process_set)
         return (None, None, None, None, None, *reduced)
@@ -93,9 +79,9 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
     :func:`mpitrain.collectives.allreduce_async` for the arguments.
     """
     if not _differentiable(tensor):
-        return C.allreduce(tensor, average, name, compression, op, prescale_factor,
+        return collectives.allreduce(tensor, average, name, compression, op, prescale_factor,
                            postscale_factor, process_set)
-    reduce_op = C._resolve_op(op, average)
+    reduce_op = collectives.resolve_op(op, average)
     compressed, ctx = compression.compress(tensor)
     out = _Allreduce.apply(compressed, name, reduce_op, prescale_factor, postscale_factor,
                            process_set)
@@ -107,11 +93,11 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[Any]:
     """Reduce a list of tensors as one request; differentiable for tensors requiring grad."""
-    tensors = C._as_list(tensors)
+    tensors = collectives.as_list(tensors)
     if not _differentiable(*tensors):
-        return C.grouped_allreduce(tensors, average, name, compression, op, prescale_factor,
+        return collectives.grouped_allreduce(tensors, average, name, compression, op, prescale_factor,
                                    postscale_factor, process_set)
-    reduce_op = C._resolve_op(op, average)
+    reduce_op = collectives.resolve_op(op, average)
     pairs = [compression.compress(t) for t in tensors]
     outs = _GroupedAllreduce.apply(name, reduce_op, prescale_factor, postscale_factor,
                                    process_set, *[p[0] for p in pairs])
@@ -120,8 +106,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
 
 # ---------------------------------------------------------------------------- allgather
 def _my_rows_slice(grad: torch.Tensor, rows: int, process_set: ProcessSet) -> torch.Tensor:
-    counts = C.allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
-    offset = int(counts[:_set_rank(process_set)].sum())
+    counts = collectives.allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
+    offset = int(counts[:rank_in(process_set)].sum())
     return grad.narrow(0, offset, rows)
 
 
@@ -131,11 +117,11 @@ class _Allgather(torch.autograd.Function):
                 process_set: ProcessSet) -> torch.Tensor:
         ctx.shape = tensor.shape
         ctx.process_set = process_set
-        return C.synchronize(C.allgather_async(tensor, name, process_set))
+        return collectives.synchronize(collectives.allgather_async(tensor, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        reduced = C.allreduce(grad.contiguous(), op=ReduceOp.AVERAGE,
+        reduced = collectives.allreduce(grad.contiguous(), op=ReduceOp.AVERAGE,
                               process_set=ctx.process_set)
         rows = ctx.shape[0] if len(ctx.shape) else 1
         return _my_rows_slice(reduced, rows, ctx.process_set).reshape(ctx.shape), None, None
@@ -147,11 +133,11 @@ class _GroupedAllgather(torch.autograd.Function):
                 *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.shapes = [t.shape for t in tensors]
         ctx.process_set = process_set
-        return tuple(C.synchronize(C.grouped_allgather_async(list(tensors), name, process_set)))
+        return tuple(collectives.synchronize(collectives.grouped_allgather_async(list(tensors), name, process_set)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
-        reduced = C.grouped_allreduce([g.contiguous() for g in grads], op=ReduceOp.AVERAGE,
+        reduced = collectives.grouped_allreduce([g.contiguous() for g in grads], op=ReduceOp.AVERAGE,
                                       process_set=ctx.process_set)
         out = []
         for g, shape in zip(reduced, ctx.shapes):
@@ -164,16 +150,16 @@ def allgather(tensor: Any, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> Any:
     """Concatenate every rank's tensor along dim 0; differentiable."""
     if not _differentiable(tensor):
-        return C.allgather(tensor, name, process_set)
+        return collectives.allgather(tensor, name, process_set)
     return _Allgather.apply(tensor, name, process_set)
 
 
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[Any]:
     """Allgather each tensor of a list as one request; differentiable."""
-    tensors = C._as_list(tensors)
+    tensors = collectives.as_list(tensors)
     if not _differentiable(*tensors):
-        return C.grouped_allgather(tensors, name, process_set)
+        return collectives.grouped_allgather(tensors, name, process_set)
     return list(_GroupedAllgather.apply(name, process_set, *tensors))
 
 
@@ -184,13 +170,13 @@ class _Broadcast(torch.autograd.Function):
                 process_set: ProcessSet) -> torch.Tensor:
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        return C.synchronize(C.broadcast_async(tensor, root_rank, name, process_set))
+        return collectives.synchronize(collectives.broadcast_async(tensor, root_rank, name, process_set))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         from .. import runtime
 
-        reduced = C.allreduce(grad.contiguous(), op=ReduceOp.AVERAGE,
+        reduced = collectives.allreduce(grad.contiguous(), op=ReduceOp.AVERAGE,
                               process_set=ctx.process_set)
         if runtime.rank() != ctx.root_rank:
             reduced = torch.zeros_like(reduced)
@@ -201,7 +187,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s tensor on every rank; differentiable."""
     if not _differentiable(tensor):
-        return C.broadcast(tensor, root_rank, name, process_set)
+        return collectives.broadcast(tensor, root_rank, name, process_set)
     return _Broadcast.apply(tensor, root_rank, name, process_set)
 
 
@@ -210,7 +196,7 @@ class _Alltoall(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None,
                 process_set: ProcessSet) -> Any:
-        output, received = C.synchronize(C.alltoall_async(tensor, splits, name, process_set))
+        output, received = collectives.synchronize(collectives.alltoall_async(tensor, splits, name, process_set))
         ctx.received = received
         ctx.process_set = process_set
         ctx.mark_non_differentiable(received)
@@ -218,7 +204,7 @@ class _Alltoall(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor, *unused: Any) -> tuple[Any, ...]:
-        back, _ = C.alltoall(grad.contiguous(), splits=ctx.received,
+        back, _ = collectives.alltoall(grad.contiguous(), splits=ctx.received,
                              process_set=ctx.process_set)
         return back, None, None, None
 
@@ -234,7 +220,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
     if _differentiable(tensor):
         output, received = _Alltoall.apply(tensor, splits, name, process_set)
     else:
-        output, received = C.alltoall(tensor, splits, name, process_set)
+        output, received = collectives.alltoall(tensor, splits, name, process_set)
     return output if splits is None else (output, received)
 
 
@@ -245,14 +231,14 @@ class _Reducescatter(torch.autograd.Function):
                 post: float, process_set: ProcessSet) -> torch.Tensor:
         ctx.op = op
         ctx.process_set = process_set
-        return C.synchronize(C.reducescatter_async(tensor, name, op, process_set, pre, post))
+        return collectives.synchronize(collectives.reducescatter_async(tensor, name, op, process_set, pre, post))
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
         _linear_op(ctx.op)
-        gathered = C.allgather(grad.contiguous(), process_set=ctx.process_set)
+        gathered = collectives.allgather(grad.contiguous(), process_set=ctx.process_set)
         if ctx.op == ReduceOp.SUM:
-            gathered = gathered * _set_size(ctx.process_set)
+            gathered = gathered * size_of(ctx.process_set)
         return gathered, None, None, None, None, None
 
 
@@ -262,16 +248,16 @@ class _GroupedReducescatter(torch.autograd.Function):
                 process_set: ProcessSet, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ctx.op = op
         ctx.process_set = process_set
-        handle = C.grouped_reducescatter_async(list(tensors), name, op, process_set, pre, post)
-        return tuple(C.synchronize(handle))
+        handle = collectives.grouped_reducescatter_async(list(tensors), name, op, process_set, pre, post)
+        return tuple(collectives.synchronize(handle))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
         _linear_op(ctx.op)
-        gathered = C.grouped_allgather([g.contiguous() for g in grads],
+        gathered = collectives.grouped_allgather([g.contiguous() for g in grads],
                                        process_set=ctx.process_set)
         if ctx.op == ReduceOp.SUM:
-            gathered = [g * _set_size(ctx.process_set) for g in gathered]
+            gathered = [g * size_of(ctx.process_set) for g in gathered]
         return (None, None, None, None, None, *gathered)
 
 
@@ -284,10 +270,10 @@ def reducescatter(tensor: Any, name: str | None = None,
     Parameters in Horovod's order; see :func:`mpitrain.collectives.reducescatter`.
     """
     if not _differentiable(tensor):
-        return C.reducescatter(tensor, name, compression, op, process_set, prescale_factor,
+        return collectives.reducescatter(tensor, name, compression, op, process_set, prescale_factor,
                                postscale_factor)
     compressed, ctx = compression.compress(tensor)
-    out = _Reducescatter.apply(compressed, name, C._resolve_op(op, None), prescale_factor,
+    out = _Reducescatter.apply(compressed, name, collectives.resolve_op(op, None), prescale_factor,
                                postscale_factor, process_set)
     return compression.decompress(out, ctx)
 
@@ -298,12 +284,12 @@ def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[Any]:
     """Reducescatter each tensor of a list as one request; differentiable."""
-    tensors = C._as_list(tensors)
+    tensors = collectives.as_list(tensors)
     if not _differentiable(*tensors):
-        return C.grouped_reducescatter(tensors, name, compression, op, process_set,
+        return collectives.grouped_reducescatter(tensors, name, compression, op, process_set,
                                        prescale_factor, postscale_factor)
     pairs = [compression.compress(t) for t in tensors]
-    outs = _GroupedReducescatter.apply(name, C._resolve_op(op, None), prescale_factor,
+    outs = _GroupedReducescatter.apply(name, collectives.resolve_op(op, None), prescale_factor,
                                        postscale_factor, process_set, *[p[0] for p in pairs])
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
@@ -337,24 +323,24 @@ def sparse_allreduce_async(tensor: torch.Tensor, name: str | None = None, op: An
     if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
         raise TypeError(f"sparse_allreduce_async takes a sparse COO tensor, got "
                         f"{tensor.layout if isinstance(tensor, torch.Tensor) else type(tensor)}")
-    reduce_op = C._resolve_op(op, None)
+    reduce_op = collectives.resolve_op(op, None)
     if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
         raise ValueError(f"sparse_allreduce_async supports op=Average or Sum, got "
                          f"{reduce_op.name.title()}")
     t = tensor if tensor.is_coalesced() else tensor.coalesce()
     # allgather concatenates along dim 0, so indices travel as (nnz, sparse_dim).
-    indices_h = C.allgather_async(t.indices().t().contiguous(),
+    indices_h = collectives.allgather_async(t.indices().t().contiguous(),
                                   name=None if name is None else f"{name}.indices",
                                   process_set=process_set)
-    values_h = C.allgather_async(t.values().contiguous(),
+    values_h = collectives.allgather_async(t.values().contiguous(),
                                  name=None if name is None else f"{name}.values",
                                  process_set=process_set)
 
     def result() -> torch.Tensor:
-        values = C.synchronize(values_h)
-        indices = C.synchronize(indices_h)
+        values = collectives.synchronize(values_h)
+        indices = collectives.synchronize(indices_h)
         if reduce_op == ReduceOp.AVERAGE:
-            values = values / _set_size(process_set)
+            values = values / size_of(process_set)
         return torch.sparse_coo_tensor(indices.t(), values, t.size(),
                                        check_invariants=False).coalesce()
 

@@ -13,8 +13,9 @@ no rank hangs.  (As in Horovod, that zero stand-in is dense: a parameter whose g
 sparse on other ranks must get a gradient on every rank, or use ``sparse_as_dense``.)
 
 Gradient buckets: on CPU, every dense gradient gets a view, shaped like its parameter, in a
-flat bucket allocated where the data plane reduces fastest (``Group.shared_empty``: shared
-memory among a node's ranks).  The hook moves a gradient autograd has just created into its
+flat bucket that the engine sizes (its fusion threshold) and allocates where the data plane
+reduces fastest (:mod:`mpitrain.collectives.buckets`; page-aligned memory that a node's peers
+read in place).  The hook moves a gradient autograd has just created into its
 view (one copy, where the fusion path would pack into a fusion buffer and unpack after) and
 makes ``p.grad`` that view; further backward passes accumulate into it in place.  The engine,
 seeing in-place requests lying back to back in one buffer, reduces the span where it lies and
@@ -25,7 +26,6 @@ it (packed into the fusion buffer and unpacked by the engine).
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -33,19 +33,16 @@ from typing import Any
 
 import torch
 
-from .. import collectives as C
-from .. import runtime
+from .. import collectives
+from ..collectives import Handle
+from ..collectives.buckets import Bucket, gradient_buckets
 from ..compression import Compression, Compressor
 from ..dtypes import ReduceOp
-from ..engine.request import Handle
-from ..process_sets import ProcessSet, _set_of, global_process_set
-from . import flat_buckets
+from ..process_sets import ProcessSet, global_process_set, set_id_of, size_of
+from . import adasum_optimizer
+from .gradient_groups import check_groups, split_groups
+from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names, positive_int
 from .mpi_ops import sparse_allreduce_async
-
-
-class OptimizerUsageError(RuntimeError, AssertionError):
-    """The optimizer was driven out of order (Horovod raises AssertionError for these)."""
-
 
 Key = Any  # a parameter, or a tuple of parameters (a group)
 Pending = tuple[Any, Any]  # (handle, or a callable for sparse results; compression context)
@@ -56,80 +53,7 @@ def _lives_in(grad: torch.Tensor, view: torch.Tensor) -> bool:
     return grad.layout == torch.strided and grad.data_ptr() == view.data_ptr()
 
 
-def _positive_int(value: Any, what: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{what} must be a positive integer, got {value!r}")
-    return value
-
-
-def parameter_names(param_groups: list[dict[str, Any]],
-                    named_parameters: Any) -> dict[torch.Tensor, str]:
-    """The request name of every parameter: its name in ``named_parameters``, or positional.
-
-    Raises:
-        ValueError: not (name, parameter) tuples, duplicate names, or unnamed parameters.
-    """
-    all_params = [p for group in param_groups for p in group["params"]]
-    if named_parameters is not None:
-        named = list(named_parameters)
-        if any(not isinstance(item, tuple) or len(item) != 2 for item in named):
-            raise ValueError("named_parameters should be a sequence of (name, parameter) "
-                             "tuples, usually produced by model.named_parameters()")
-    else:
-        named = [(f"allreduce.noname.{i}.{j}", p)
-                 for i, group in enumerate(param_groups)
-                 for j, p in enumerate(group["params"])]
-    counts = collections.Counter(k for k, _ in named)
-    duplicates = sorted(k for k, n in counts.items() if n > 1)
-    if duplicates:
-        raise ValueError(f"parameter names in named_parameters must be unique; found "
-                         f"duplicates: {', '.join(duplicates)}")
-    named_ids = {id(p) for _, p in named}
-    unnamed = [i for i, p in enumerate(all_params) if id(p) not in named_ids]
-    if unnamed:
-        raise ValueError(f"named_parameters was given, but {len(unnamed)} of the "
-                         f"optimizer's parameters are not named in it (positions "
-                         f"{unnamed[:10]} in the optimizer's parameter list)")
-    return {p: k for k, p in sorted(named, key=lambda kv: kv[0])}
-
-
-class _GradientHooks(torch.optim.Optimizer):
-    """What the hook-driven optimizers (averaging and Adasum) share: their per-parameter hooks,
-    the backward passes they count, and the reductions still pending in ``_handles``."""
-
-    _handles: dict[Any, Any]
-    _delay: dict[torch.Tensor, int]
-    _hooks: list[Any]
-    backward_passes_per_step: int
-
-    def zero_grad(self, set_to_none: bool = True) -> None:
-        """Reset the gradients, as torch does; an error while reductions are pending.
-
-        Raises:
-            OptimizerUsageError: called after ``backward()`` but before ``step()`` or
-                ``synchronize()`` (it would race with the reductions in flight).
-        """
-        if self._handles:
-            raise OptimizerUsageError(
-                "optimizer.zero_grad() was called after loss.backward() but before "
-                "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "
-                "cause a race condition.")
-        super().zero_grad(set_to_none)
-
-    def set_backward_passes_per_step(self, passes: int) -> None:
-        """Accumulate ``passes`` backward passes locally before each reduction."""
-        self.backward_passes_per_step = _positive_int(passes, "backward_passes_per_step")
-        for p in self._delay:
-            self._delay[p] = self.backward_passes_per_step
-
-    def remove_hooks(self) -> None:
-        """Stop acting from backward."""
-        for h in self._hooks:
-            h.remove()
-        self._hooks = []
-
-
-class _DistributedOptimizer(_GradientHooks):
+class _DistributedOptimizer(GradientHooks):
     """Mixed in before the wrapped optimizer's class (see :func:`DistributedOptimizer`)."""
 
     def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor],
@@ -161,50 +85,26 @@ class _DistributedOptimizer(_GradientHooks):
         self._group_of: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
         self._group_ready: dict[tuple[torch.Tensor, ...], int] = {}
         self._views: dict[torch.Tensor, torch.Tensor] = {}
-        self._buckets: list[flat_buckets.Bucket] = []
-        self._set_id = _set_of(process_set)
-        state = runtime.state().engine.process_set(self._set_id)
-        self._communicates = state.member and len(state.world_ranks) > 1
+        self._buckets: list[Bucket] = []
+        self._set_id = set_id_of(process_set)
+        self._communicates = bool(process_set.included()) and size_of(process_set) > 1
         if groups is not None:
             self._make_groups(groups, all_params)
         if self._communicates:
             self._requires_update = [p for p in all_params if p.requires_grad]
             if shared_buckets and compression is Compression.none:
-                self._build_buckets(state.group)
+                self._build_buckets()
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                            for p in self._requires_update]
 
     # ------------------------------------------------------------------ set-up
     def _make_groups(self, groups: Any, all_params: list[torch.Tensor]) -> None:
-        trainable = [p for p in all_params if p.requires_grad]
-        if isinstance(groups, int):
-            # The same split on every rank: order by name, which every rank knows alike.
-            ordered = sorted(trainable, key=lambda p: self._names[p])
-            n = min(groups, len(ordered)) or 1
-            size, extra = divmod(len(ordered), n)
-            split, start = [], 0
-            for i in range(n):
-                stop = start + size + (1 if i < extra else 0)
-                split.append(tuple(ordered[start:stop]))
-                start = stop
-        else:
-            known = {id(p) for p in all_params}
-            for i, g in enumerate(groups):
-                if any(id(p) not in known for p in g):
-                    raise ValueError(f"groups[{i}] holds a tensor that is not a parameter of "
-                                     "the optimizer")
-            # Frozen parameters get no hook; leaving them out keeps groups completable.
-            split = [tuple(p for p in g if p.requires_grad) for g in groups]
-            listed = {p for g in split for p in g}
-            split += [(p,) for p in trainable if p not in listed]
-        for group in split:
-            if not group:
-                continue
+        for group in split_groups(groups, all_params, self._names):
             for p in group:
                 self._group_of[p] = group
             self._group_ready[group] = 0
 
-    def _build_buckets(self, group: Any) -> None:
+    def _build_buckets(self) -> None:
         """Give each CPU dense gradient a view in a flat, shared, zeroed bucket."""
         cpu = [p for p in self._requires_update if p.device.type == "cpu"]
         if self._group_of:  # a group's gradients back to back, in group order
@@ -213,9 +113,9 @@ class _DistributedOptimizer(_GradientHooks):
                 order.extend(p for p in g if p.device.type == "cpu")
         else:  # backward produces gradients roughly in reverse registration order
             order = list(reversed(cpu))
-        cap = runtime.state().engine.config.fusion_threshold
-        self._buckets = flat_buckets.build(flat_buckets.assign(order, cap, cap),
-                                           group.shared_empty)
+        # Every bucket at the engine's fusion threshold, the first too: the engine fuses the
+        # per-parameter requests of one bucket into one collective anyway.
+        self._buckets = gradient_buckets(order, self.process_set, first_cap_bytes=None)
         self._views = {p: b.views[i] for b in self._buckets for i, p in enumerate(b.params)}
 
     # ------------------------------------------------------------------ backward side
@@ -285,7 +185,7 @@ class _DistributedOptimizer(_GradientHooks):
             grad = p.grad = grad.to_dense()
         compressed, ctx = self._compression.compress(grad)
         pre, post = self._scales()
-        handle = C.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
+        handle = collectives.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
                                     postscale_factor=post, process_set=self.process_set)
         return handle, ctx
 
@@ -299,7 +199,7 @@ class _DistributedOptimizer(_GradientHooks):
             grads.append(g)
         pairs = [self._compression.compress(g) for g in grads]
         pre, post = self._scales()
-        handle = C.grouped_allreduce_async_([c for c, _ in pairs],
+        handle = collectives.grouped_allreduce_async_([c for c, _ in pairs],
                                             name=f"group.{self._names[group[0]]}",
                                             op=self.op, prescale_factor=pre,
                                             postscale_factor=post, process_set=self.process_set)
@@ -331,7 +231,7 @@ class _DistributedOptimizer(_GradientHooks):
                 if callable(handle) and not isinstance(handle, Handle):
                     key.grad = handle()
                     continue
-                outputs = C.synchronize(handle)
+                outputs = collectives.synchronize(handle)
                 if isinstance(key, tuple):
                     for p, out, c in zip(key, outputs, ctx):
                         self._write_back(p, out, c)
@@ -438,8 +338,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         TypeError: ``optimizer`` is not a torch optimizer.
         ValueError: bad names, groups, op, factor or ``backward_passes_per_step``.
     """
-    from . import adasum_optimizer  # builds on this module
-
     if not isinstance(optimizer, torch.optim.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a torch.optim.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -449,9 +347,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if not (isinstance(compression, type) and issubclass(compression, Compressor)):
         raise TypeError(f"compression must be Compression.none, .fp16 or .bf16, got "
                         f"{compression!r}")
-    reduce_op = C._resolve_op(op, None)
-    passes = _positive_int(backward_passes_per_step, "backward_passes_per_step")
-    factor = C._factor(gradient_predivide_factor, "gradient_predivide_factor")
+    reduce_op = collectives.resolve_op(op, None)
+    passes = positive_int(backward_passes_per_step, "backward_passes_per_step")
+    factor = collectives.scale_factor(gradient_predivide_factor, "gradient_predivide_factor")
     if factor <= 0:
         raise ValueError(f"gradient_predivide_factor must be > 0, got {gradient_predivide_factor}")
     if factor != 1.0 and reduce_op != ReduceOp.AVERAGE:
@@ -462,7 +360,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                       DeprecationWarning, stacklevel=2)
         if groups is None:
             groups = num_groups
-    groups = _check_groups(groups)
+    groups = check_groups(groups)
     if reduce_op == ReduceOp.ADASUM:
         # Horovod: plain reduction at size 1, the delta optimizer otherwise (groups and
         # sparse_as_dense do not apply to it).
@@ -479,38 +377,6 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     wrapped.defaults = optimizer.defaults
     wrapped.state = optimizer.state
     return wrapped
-
-
-def _check_groups(groups: Any) -> Any:
-    if groups is None:
-        return None
-    if isinstance(groups, bool):
-        raise ValueError(f"groups must be a positive integer or a list of lists of tensors, "
-                         f"got {groups!r}")
-    if isinstance(groups, int):
-        if groups <= 0:
-            raise ValueError(f"groups must be a positive integer or a list of lists of "
-                             f"tensors, got {groups}")
-        return groups
-    if not isinstance(groups, (list, tuple)):
-        raise ValueError(f"groups must be a positive integer or a list of lists of tensors, "
-                         f"got {type(groups).__name__}")
-    seen: set[int] = set()
-    out = []
-    for i, group in enumerate(groups):
-        if not isinstance(group, (list, tuple)):
-            raise ValueError(f"groups[{i}] must be a list of tensors, got "
-                             f"{type(group).__name__}")
-        for p in group:
-            if not isinstance(p, torch.Tensor):
-                raise ValueError(f"groups must consist of torch.Tensor; groups[{i}] holds a "
-                                 f"{type(p).__name__}")
-            if id(p) in seen:
-                raise ValueError("a parameter can only appear once in groups; one appears "
-                                 f"again in groups[{i}]")
-            seen.add(id(p))
-        out.append(list(group))
-    return out
 
 
 __all__ = ["DistributedOptimizer", "OptimizerUsageError"]

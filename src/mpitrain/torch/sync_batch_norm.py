@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .. import collectives, runtime
-from ..process_sets import ProcessSet
+from .. import arrays, collectives
+from ..process_sets import ProcessSet, size_of
 from ..scopes import GLOBAL, check_scope, resolve_scope
 
 _HALF = (torch.float16, torch.bfloat16)
@@ -57,18 +57,11 @@ def _allreduce_sum(buf: torch.Tensor, process_set: ProcessSet) -> torch.Tensor:
     CUDA statistics go to the GPU data plane as they are when it can run (cupy and a GPU);
     otherwise, as for other devices, one host copy each way (they are a few kilobytes).
     """
-    host = buf if _on_data_plane(buf) else buf.cpu()
+    host = buf if arrays.reduced_in_place(buf) else buf.cpu()
     collectives.allreduce_(host, op=collectives.Sum, process_set=process_set)
     if host is not buf:
         buf.copy_(host)
     return buf
-
-
-def _on_data_plane(buf: torch.Tensor) -> bool:
-    if buf.device.type == "cpu":
-        return True
-    from ..ops import cuda
-    return buf.device.type == "cuda" and cuda.available()
 
 
 class _SyncBatchNormFunction(torch.autograd.Function):
@@ -209,7 +202,7 @@ class SyncBatchNorm(_BatchNorm):
                 input, running_mean, running_var, self.weight, self.bias, uses_batch_stats,
                 factor, self.eps)
         process_set = resolve_scope(self.comm_scope)
-        if _set_size(process_set) == 1:
+        if size_of(process_set) == 1:
             return torch.nn.functional.batch_norm(
                 input, running_mean, running_var, self.weight, self.bias, True, factor,
                 self.eps)
@@ -250,11 +243,6 @@ class SyncBatchNorm(_BatchNorm):
             output.add_module(name, cls.convert_sync_batchnorm(child, comm_scope, process_set))
         del module
         return output
-
-
-def _set_size(process_set: ProcessSet) -> int:
-    set_id = process_set.process_set_id if process_set.process_set_id is not None else 0
-    return len(runtime.state().engine.process_set(set_id).world_ranks)
 
 
 __all__ = ["SyncBatchNorm"]

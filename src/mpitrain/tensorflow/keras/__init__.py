@@ -16,7 +16,7 @@ from ...collectives import (
     stop_timeline,
 )
 from ...compression import Compression
-from ...process_sets import ProcessSet, add_process_set, global_process_set, remove_process_set
+from ...process_sets import ProcessSet, global_process_set
 from ...runtime import (
     ccl_built,
     cross_rank,
@@ -34,9 +34,9 @@ from ...runtime import (
     nccl_built,
     rank,
     rocm_built,
-    shutdown,
     size,
 )
+from ...session import add_process_set, remove_process_set, shutdown
 from ..basics import init
 from ..functions import broadcast_variables
 from ..mpi_ops import allgather, allreduce, broadcast

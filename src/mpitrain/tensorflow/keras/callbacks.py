@@ -17,8 +17,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from ... import collectives as C
-from ... import runtime
+from ... import collectives, runtime
 from ...process_sets import ProcessSet, global_process_set
 from ..functions import broadcast_variables
 
@@ -106,7 +105,7 @@ class MetricAverageCallback(_MpitrainCallback):
             return
         keys = sorted(k for k, v in logs.items() if np.ndim(v) == 0)
         if keys != self._checked_keys:
-            everyone = C.allgather_object(keys, process_set=self.process_set)
+            everyone = collectives.allgather_object(keys, process_set=self.process_set)
             if any(k != keys for k in everyone):
                 raise ValueError(f"MetricAverageCallback: ranks report different metrics "
                                  f"{everyone}; every rank must compile the same metrics")
@@ -114,7 +113,7 @@ class MetricAverageCallback(_MpitrainCallback):
         if not keys:
             return
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-        averaged = C.allreduce(values, op=C.Average, process_set=self.process_set)
+        averaged = collectives.allreduce(values, op=collectives.Average, process_set=self.process_set)
         for k, v in zip(keys, averaged.tolist()):
             logs[k] = v
 

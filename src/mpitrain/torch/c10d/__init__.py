@@ -23,7 +23,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ... import runtime
+from ... import runtime, session
 from ...process_sets import ProcessSet, global_process_set, registered_process_sets
 from . import rendezvous
 from .p2p import PointToPoint, create_comm
@@ -52,7 +52,7 @@ def _create(opts: Any, backend_options: Any = None) -> ProcessGroupMpitrain:
         if not is_default and len(members) != dist.get_world_size():
             raise ValueError("the mpitrain backend needs mpitrain.init() (collective over all "
                              "ranks) before a subgroup is created")
-        runtime.init()
+        session.init()
     size, rank = runtime.size(), runtime.rank()
     if is_default:
         members = list(range(opts.group_size))

@@ -22,9 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ... import collectives as C
-from ... import runtime
-from ...engine.request import Handle, Kind, Request
+from ... import collectives
+from ...collectives import Handle
 from ...process_sets import ProcessSet
 from .p2p import PointToPoint
 from .reduce_ops import Reduction, resolve
@@ -128,7 +127,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
         for t in tensors:
             reduction.check(t)
         rows = [_flat(t).view(1, -1) for t in tensors]
-        return [C.grouped_allgather_async(rows, name=self._name(kind),
+        return [collectives.grouped_allgather_async(rows, name=self._name(kind),
                                           process_set=self._process_set)]
 
     # -------------------------------------------------------------------- allreduce
@@ -145,7 +144,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
             return self._work(handles, tensors, fold_into, f"allreduce {reduction.name}")
         for t in tensors:
             reduction.check(t)
-        handle = C.grouped_allreduce_async_(list(tensors), name=self._name("allreduce"),
+        handle = collectives.grouped_allreduce_async_(list(tensors), name=self._name("allreduce"),
                                             op=reduction.engine_op,
                                             prescale_factor=reduction.prescale,
                                             process_set=self._process_set)
@@ -178,7 +177,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         """Overwrite the tensors with the root's (``opts.rootRank``, a group rank)."""
         root = self._world_rank(opts.rootRank if opts is not None else 0, "root rank")
-        handles = [C.broadcast_async_(t, root, name=self._name("broadcast"),
+        handles = [collectives.broadcast_async_(t, root, name=self._name("broadcast"),
                                       process_set=self._process_set) for t in tensors]
         return self._work(handles, tensors, describe="broadcast")
 
@@ -186,7 +185,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
     def allgather(self, output_lists: list[list[torch.Tensor]],
                   input_list: list[torch.Tensor], opts: Any = None) -> Work:
         """output_lists[i][r] <- rank r's input_list[i]."""
-        handle = C.grouped_allgather_async([_flat(t) for t in input_list],
+        handle = collectives.grouped_allgather_async([_flat(t) for t in input_list],
                                            name=self._name("allgather"),
                                            process_set=self._process_set)
 
@@ -199,7 +198,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             input_list: list[torch.Tensor], opts: Any = None) -> Work:
         """output_lists[r][i] <- rank r's input_list[i], as one engine request."""
-        handle = C.grouped_allgather_async([_flat(t) for t in input_list],
+        handle = collectives.grouped_allgather_async([_flat(t) for t in input_list],
                                            name=self._name("allgather"),
                                            process_set=self._process_set)
 
@@ -212,7 +211,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """outputs[i] <- every rank's inputs[i], concatenated in rank order."""
-        handle = C.grouped_allgather_async([_flat(t) for t in inputs],
+        handle = collectives.grouped_allgather_async([_flat(t) for t in inputs],
                                            name=self._name("allgather"),
                                            process_set=self._process_set)
 
@@ -237,7 +236,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
         """The root's output_lists[0][r] <- rank r's input (others pass no outputs)."""
         root = opts.rootRank if opts is not None else 0
         self._world_rank(root, "root rank")
-        handle = C.grouped_allgather_async([_flat(t) for t in input_list],
+        handle = collectives.grouped_allgather_async([_flat(t) for t in input_list],
                                            name=self._name("gather"),
                                            process_set=self._process_set)
 
@@ -268,7 +267,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
             return self._work(handles, outputs, fold_into, what)
         for r in rows:
             reduction.check(r)
-        handle = C.grouped_reducescatter_async(rows, name=self._name("reduce_scatter"),
+        handle = collectives.grouped_reducescatter_async(rows, name=self._name("reduce_scatter"),
                                                op=reduction.engine_op,
                                                prescale_factor=reduction.prescale,
                                                process_set=self._process_set)
@@ -319,7 +318,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
         """Rows (dim 0) of ``input`` go to the ranks in order; ``output`` receives theirs."""
         splits = list(input_split_sizes) or None
         source = input if input.is_contiguous() else input.contiguous()
-        handle = C.alltoall_async(source, splits=splits, name=self._name("alltoall"),
+        handle = collectives.alltoall_async(source, splits=splits, name=self._name("alltoall"),
                                   process_set=self._process_set)
         expected = list(output_split_sizes)
 
@@ -342,7 +341,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
             raise ValueError(f"all_to_all needs {self._size} inputs and outputs, got "
                              f"{len(inputs)} and {len(outputs)}")
         flat = torch.cat([_flat(t) for t in inputs])
-        handle = C.alltoall_async(flat, splits=[t.numel() for t in inputs],
+        handle = collectives.alltoall_async(flat, splits=[t.numel() for t in inputs],
                                   name=self._name("alltoall"), process_set=self._process_set)
 
         def copy(results: list[Any]) -> None:
@@ -363,7 +362,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
         else:
             flat = torch.empty(0, dtype=out.dtype)
             splits = [0] * self._size
-        handle = C.alltoall_async(flat, splits=splits, name=self._name("scatter"),
+        handle = collectives.alltoall_async(flat, splits=splits, name=self._name("scatter"),
                                   process_set=self._process_set)
 
         def copy(results: list[Any]) -> None:
@@ -374,10 +373,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
     # -------------------------------------------------------------------- barrier
     def barrier(self, opts: Any = None) -> Work:
         """Complete once every rank of the group has entered the barrier."""
-        set_id = self._process_set.process_set_id or 0
-        request = Request(name=self._name("barrier"), kind=Kind.BARRIER, entries=[],
-                          process_set_id=set_id)
-        handle = runtime.state().engine.submit(request)
+        handle = collectives.barrier_async(self._process_set, name=self._name("barrier"))
         return self._work([handle], [], describe="barrier")
 
     # -------------------------------------------------------------------- point to point

@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
 
-from ... import collectives, runtime, topology
+from ... import collectives, runtime, session, topology
 
 _LAUNCHER_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
                             "PALS_RANKID")
@@ -85,7 +85,7 @@ def _store(rank: int, size: int, timeout: datetime.timedelta) -> dist.Store:
 
 def mpi_rendezvous(url: str, timeout: datetime.timedelta) -> Iterator[tuple[Any, int, int]]:
     """Yield (store, rank, world_size) from MPI, once (torch's handler protocol)."""
-    runtime.init()
+    session.init()
     rank, size = runtime.rank(), runtime.size()
     query = _query(url)
     _check_agrees("rank", query.get("rank", os.environ.get("RANK")), rank)

@@ -1,6 +1,6 @@
 """The gradient reducer behind mpitrain's DistributedDataParallel.
 
-Gradients live in flat buckets (:mod:`mpitrain.torch.flat_buckets`), laid out in reverse
+Gradients live in flat buckets (:mod:`mpitrain.collectives.buckets`), laid out in reverse
 parameter order like torch's DDP, so the buckets fill in roughly the order backward produces
 gradients.  A post-accumulate-grad hook moves each gradient into its bucket; the moment a
 bucket's last gradient arrives, one in-place averaged allreduce of the whole bucket goes to the
@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from .... import collectives, runtime
-from ....engine.request import Handle
+from .... import arrays, collectives, runtime
+from ....collectives import Handle
+from ....collectives.buckets import Bucket, gradient_buckets
 from ....process_sets import ProcessSet
-from ... import flat_buckets
 
 
 def _tensors_in(obj: Any) -> Iterable[torch.Tensor]:
@@ -73,17 +73,14 @@ class Reducer:
         self._tag = tag
         self._find_unused = find_unused_parameters
         self._as_view = gradient_as_bucket_view
-        set_id = process_set.process_set_id or 0
-        group = runtime.state().engine.process_set(set_id).group
-        if group is None:
+        if not process_set.included():
             raise ValueError(f"rank {runtime.rank()} is not a member of {process_set!r}")
-        groups = flat_buckets.assign(list(reversed(params)), bucket_cap_bytes)
-        self.buckets = flat_buckets.build(groups, group.shared_empty,
-                                          extra_per_param=1 if find_unused_parameters else 0)
+        self.buckets = gradient_buckets(list(reversed(params)), process_set, bucket_cap_bytes,
+                                        extra_per_param=1 if find_unused_parameters else 0)
         self._where = {id(p): (b, i) for b in self.buckets for i, p in enumerate(b.params)}
         # CUDA buckets go to the GPU data plane as they are when it can run (cupy and a GPU);
         # otherwise, and for other devices, through a host mirror.
-        self._host = [None if _reduced_in_place(b.flat) else torch.empty_like(b.flat,
+        self._host = [None if arrays.reduced_in_place(b.flat) else torch.empty_like(b.flat,
                                                                                device="cpu")
                       for b in self.buckets]
         self._remaining = [len(b.params) for b in self.buckets]
@@ -152,7 +149,7 @@ class Reducer:
         if self._remaining[bucket.index] == 0:
             self._submit(bucket)
 
-    def _submit(self, bucket: flat_buckets.Bucket) -> None:
+    def _submit(self, bucket: Bucket) -> None:
         host = self._host[bucket.index]
         target = bucket.flat
         if host is not None:
@@ -195,7 +192,7 @@ class Reducer:
                 "gradient in this iteration; pass find_unused_parameters=True if some "
                 "parameters are legitimately unused (their reduction completed on every rank)")
 
-    def _write_back(self, bucket: flat_buckets.Bucket) -> None:
+    def _write_back(self, bucket: Bucket) -> None:
         flags = bucket.extra.tolist() if self._find_unused else None
         for i, p in enumerate(bucket.params):
             if flags is not None and flags[i] == 0:
@@ -221,10 +218,3 @@ class Reducer:
 
 
 __all__ = ["Reducer", "reachable_parameters"]
-
-
-def _reduced_in_place(flat: torch.Tensor) -> bool:
-    if flat.device.type == "cpu":
-        return True
-    from ....ops import cuda
-    return flat.device.type == "cuda" and cuda.available()

@@ -1,0 +1,230 @@
+"""Reductions: allreduce (plain, in place, grouped) and reducescatter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from .. import arrays
+from ..compression import Compression, Compressor
+from ..dtypes import check_reduce_supported
+from ..engine.request import Entry, Handle, Kind, Request
+from ..process_sets import ProcessSet, global_process_set, set_id_of
+from .requests import (
+    Average,
+    as_list,
+    check_adasum,
+    device_kind,
+    entry_in_place,
+    entry_new_output,
+    ready_events,
+    request_name,
+    resolve_op,
+    scale_factor,
+    submit,
+    synchronize,
+)
+
+
+def _allreduce_request(tensors: Sequence[Any], in_place: bool, name: str | None, op: Any,
+                       average: bool | None, prescale_factor: Any, postscale_factor: Any,
+                       process_set: ProcessSet) -> tuple[Request, list[Any]]:
+    reduce_op = resolve_op(op, average)
+    pre = scale_factor(prescale_factor, "prescale_factor")
+    post = scale_factor(postscale_factor, "postscale_factor")
+    set_id = set_id_of(process_set)
+    check_adasum(reduce_op, set_id)
+    entries, outputs = [], []
+    for i, t in enumerate(tensors):
+        what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
+        if in_place:
+            entry, out = entry_in_place(t, what), t
+        else:
+            entry, out = entry_new_output(t, what)
+        check_reduce_supported(entry.dtype, reduce_op)
+        if entry.dtype == "bool" and (pre != 1.0 or post != 1.0):
+            raise ValueError(f"{what} is bool: scale factors must be 1, got prescale_factor="
+                             f"{pre}, postscale_factor={post}")
+        entries.append(entry)
+        outputs.append(out)
+    request = Request(name=request_name(name, set_id, Kind.ALLREDUCE), kind=Kind.ALLREDUCE,
+                      entries=entries, op=reduce_op, prescale=pre, postscale=post,
+                      device=device_kind(tensors), ready=ready_events(tensors),
+                      process_set_id=set_id)
+    return request, outputs
+
+
+def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None,
+                    op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                    process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing ``tensor`` across the process set into a new tensor.
+
+    Args:
+        tensor: a contiguous torch CPU tensor or numpy array.
+        average: deprecated; ``True`` means ``op=Average``, ``False`` means ``op=Sum``.
+        name: a name unique among requests in flight; unnamed calls are numbered in order.
+        op: Average (default), Sum, Min, Max, Product, or Adasum (adaptive summation of
+            floating-point tensors over a power-of-two number of ranks; see
+            :mod:`mpitrain.ops.adasum`).
+        prescale_factor: multiplies every input before the reduction.
+        postscale_factor: multiplies the result.
+        process_set: the ranks taking part (default: all).
+
+    Returns:
+        A handle; ``synchronize(handle)`` returns the reduced tensor.
+    """
+    request, outputs = _allreduce_request([tensor], False, name, op, average, prescale_factor,
+                                          postscale_factor, process_set)
+    return submit(request, lambda h: outputs[0])
+
+
+def allreduce_async_(tensor: Any, average: bool | None = None, name: str | None = None,
+                     op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                     process_set: ProcessSet = global_process_set) -> Handle:
+    """Like :func:`allreduce_async`, but the result overwrites ``tensor``."""
+    request, outputs = _allreduce_request([tensor], True, name, op, average, prescale_factor,
+                                          postscale_factor, process_set)
+    return submit(request, lambda h: outputs[0])
+
+
+def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] = Compression.none, op: Any = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> Any:
+    """Reduce ``tensor`` across the process set and return the result as a new tensor.
+
+    Every rank of the process set must call this, in the same order.  ``compression``
+    (e.g. ``Compression.fp16``) shrinks the tensor on the wire and restores its dtype after.
+    """
+    compressed, ctx = compression.compress(tensor)
+    handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor,
+                             process_set)
+    return compression.decompress(synchronize(handle), ctx)
+
+
+def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None,
+               op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+               process_set: ProcessSet = global_process_set) -> Any:
+    """Reduce ``tensor`` in place across the process set and return it."""
+    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
+                                        postscale_factor, process_set))
+
+
+def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None,
+                            name: str | None = None, op: Any = None,
+                            prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                            process_set: ProcessSet = global_process_set) -> Handle:
+    """Start reducing a list of tensors as one negotiated, fused request."""
+    request, outputs = _allreduce_request(as_list(tensors), False, name, op, average,
+                                          prescale_factor, postscale_factor, process_set)
+    return submit(request, lambda h: outputs)
+
+
+def grouped_allreduce_async_(tensors: Sequence[Any], average: bool | None = None,
+                             name: str | None = None, op: Any = None,
+                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                             process_set: ProcessSet = global_process_set) -> Handle:
+    """In-place :func:`grouped_allreduce_async`."""
+    request, outputs = _allreduce_request(as_list(tensors), True, name, op, average,
+                                          prescale_factor, postscale_factor, process_set)
+    return submit(request, lambda h: outputs)
+
+
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
+                      name: str | None = None, compression: type[Compressor] = Compression.none,
+                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Reduce a list of tensors together; returns new tensors in the same order."""
+    pairs = [compression.compress(t) for t in as_list(tensors)]
+    handle = grouped_allreduce_async([p[0] for p in pairs], average, name, op, prescale_factor,
+                                     postscale_factor, process_set)
+    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(synchronize(handle), pairs)]
+
+
+def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None,
+                       name: str | None = None, op: Any = None, prescale_factor: float = 1.0,
+                       postscale_factor: float = 1.0,
+                       process_set: ProcessSet = global_process_set) -> list[Any]:
+    """Reduce a list of tensors together, in place; returns them."""
+    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
+                                                postscale_factor, process_set))
+
+
+def _reducescatter_request(tensors: Sequence[Any], name: str | None, op: Any,
+                           prescale_factor: Any, postscale_factor: Any,
+                           process_set: ProcessSet) -> tuple[Request, list[list[Any]]]:
+    reduce_op = resolve_op(op, None)
+    pre = scale_factor(prescale_factor, "prescale_factor")
+    post = scale_factor(postscale_factor, "postscale_factor")
+    set_id = set_id_of(process_set)
+    check_adasum(reduce_op, set_id)
+    entries, keeps = [], []
+    for i, t in enumerate(tensors):
+        what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
+        dtype = arrays.check_tensor(t, what)
+        if t.ndim == 0:
+            raise ValueError(f"reducescatter needs {what} with at least one dimension, got a "
+                             "scalar")
+        check_reduce_supported(dtype, reduce_op)
+        keep: list[Any] = []
+        entries.append(Entry(input=arrays.storage_view(t), shape=tuple(t.shape), dtype=dtype,
+                             allocate=arrays.allocator_like(t, keep)))
+        keeps.append(keep)
+    request = Request(name=request_name(name, set_id, Kind.REDUCESCATTER),
+                      kind=Kind.REDUCESCATTER,
+                      entries=entries, op=reduce_op, prescale=pre, postscale=post,
+                      device=device_kind(tensors), ready=ready_events(tensors),
+                      process_set_id=set_id)
+    return request, keeps
+
+
+def reducescatter_async(tensor: Any, name: str | None = None, op: Any = Average,
+                        process_set: ProcessSet = global_process_set,
+                        prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> Handle:
+    """Start reducing ``tensor`` and scattering the rows: rank i keeps block i.
+
+    With n rows over p ranks the first ``n % p`` ranks get one extra row.  The parameters
+    come in Horovod's order (``process_set`` before the scale factors).  ``op=Adasum``
+    (which Horovod 0.28.1 refuses) gives this rank's block of the Adasum allreduce of the
+    whole tensor.
+    """
+    request, keeps = _reducescatter_request([tensor], name, op, prescale_factor,
+                                            postscale_factor, process_set)
+    return submit(request, lambda h: keeps[0][0])
+
+
+def reducescatter(tensor: Any, name: str | None = None,
+                  compression: type[Compressor] = Compression.none, op: Any = Average,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> Any:
+    """Reduce ``tensor`` across ranks and return this rank's block of rows.
+
+    ``compression`` (e.g. ``Compression.fp16``) shrinks the tensor on the wire and restores
+    its dtype after, as for :func:`allreduce`.
+    """
+    compressed, ctx = compression.compress(tensor)
+    handle = reducescatter_async(compressed, name, op, process_set, prescale_factor,
+                                 postscale_factor)
+    return compression.decompress(synchronize(handle), ctx)
+
+
+def grouped_reducescatter_async(tensors: Sequence[Any], name: str | None = None,
+                                op: Any = Average, process_set: ProcessSet = global_process_set,
+                                prescale_factor: float = 1.0,
+                                postscale_factor: float = 1.0) -> Handle:
+    """Start a reducescatter of each tensor of a list, negotiated as one request."""
+    request, keeps = _reducescatter_request(as_list(tensors), name, op, prescale_factor,
+                                            postscale_factor, process_set)
+    return submit(request, lambda h: [k[0] for k in keeps])
+
+
+def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
+                          compression: type[Compressor] = Compression.none, op: Any = Average,
+                          process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0,
+                          postscale_factor: float = 1.0) -> list[Any]:
+    """Reducescatter each tensor of a list; returns this rank's blocks in order."""
+    pairs = [compression.compress(t) for t in as_list(tensors)]
+    handle = grouped_reducescatter_async([p[0] for p in pairs], name, op, process_set,
+                                         prescale_factor, postscale_factor)
+    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(synchronize(handle), pairs)]

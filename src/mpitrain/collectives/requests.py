@@ -1,0 +1,159 @@
+"""What every collective of the front door shares: turning the caller's arguments into one
+validated, named engine request, submitting it, and waiting for its handle.
+
+Bad input raises ``ValueError`` or ``TypeError`` naming the value, here at the call, on the
+calling rank; what only the ranks together can check (shapes, names, ops agreeing) the engine
+negotiates.  The engine is reached through :func:`mpitrain.session.engine` and nowhere else.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import arrays, session
+from ..adasum_layout import check_layout
+from ..dtypes import ReduceOp
+from ..engine import device
+from ..engine.request import Entry, Handle, Kind, Request
+from ..process_sets import ProcessSet, set_id_of
+
+Average = ReduceOp.AVERAGE
+Sum = ReduceOp.SUM
+Adasum = ReduceOp.ADASUM
+Min = ReduceOp.MIN
+Max = ReduceOp.MAX
+Product = ReduceOp.PRODUCT
+
+
+def resolve_op(op: Any, average: bool | None) -> ReduceOp:
+    if average is not None:
+        if op is not None:
+            raise ValueError("pass either op= or the deprecated average=, not both "
+                             f"(got op={op!r}, average={average!r})")
+        warnings.warn("average= is deprecated; use op=mpitrain.Average or op=mpitrain.Sum",
+                      DeprecationWarning, stacklevel=3)
+        return Average if average else Sum
+    if op is None:
+        return Average
+    try:
+        resolved = ReduceOp(op)
+    except ValueError:
+        raise ValueError(f"unknown reduce op {op!r}; use Average, Sum, Adasum, Min, Max or "
+                         "Product") from None
+    return resolved
+
+
+def check_adasum(reduce_op: ReduceOp, set_id: int) -> None:
+    """Adasum needs a power-of-two number of ranks (of nodes, hierarchical): say so now, at
+    the call, rather than fail the collective on every rank."""
+    if reduce_op != Adasum:
+        return
+    group = session.engine().process_set(set_id).group
+    if group is not None:
+        check_layout(group.topology, group.config.adasum_hierarchical)
+
+
+def check_adasum_layout(process_set: ProcessSet) -> None:
+    """Raise :class:`mpitrain.adasum_layout.AdasumLayoutError` unless ``process_set`` can run
+    Adasum (a rank outside the set has nothing to check)."""
+    check_adasum(Adasum, set_id_of(process_set))
+
+
+def scale_factor(value: Any, what: str) -> float:
+    if type(value) is float and value == 1.0:  # the common case, checked cheaply
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.number)):
+        raise TypeError(f"{what} must be a number, got {value!r}")
+    f = float(value)
+    if not np.isfinite(f):
+        raise ValueError(f"{what} must be finite, got {value!r}")
+    return f
+
+
+def rank_within(process_set: ProcessSet, world_rank: Any, what: str = "root_rank") -> int:
+    if isinstance(world_rank, bool) or not isinstance(world_rank, (int, np.integer)):
+        raise TypeError(f"{what} must be an int, got {world_rank!r}")
+    set_id = set_id_of(process_set)
+    ranks = session.engine().process_set(set_id).world_ranks
+    if int(world_rank) not in ranks:
+        raise ValueError(f"{what}={world_rank} is not a rank of the process set {ranks}")
+    return ranks.index(int(world_rank))
+
+
+def request_name(name: str | None, set_id: int, kind: Kind) -> str:
+    if name is None:
+        return str(session.engine().next_name(set_id, kind))
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"name must be a non-empty string, got {name!r}")
+    return name
+
+
+def submit(request: Request, finish: Any) -> Handle:
+    handle: Handle = session.engine().submit(request)
+    handle._finish = finish
+    return handle
+
+
+def entry_in_place(tensor: Any, what: str) -> Entry:
+    dtype = arrays.check_tensor(tensor, what)
+    view = arrays.storage_view(tensor)
+    return Entry(input=view, shape=tuple(tensor.shape), dtype=dtype, output=view)
+
+
+def entry_new_output(tensor: Any, what: str) -> tuple[Entry, Any]:
+    dtype = arrays.check_tensor(tensor, what)
+    out, out_view = arrays.empty_like(tensor)
+    entry = Entry(input=arrays.storage_view(tensor), shape=tuple(tensor.shape), dtype=dtype,
+                  output=out_view)
+    return entry, out
+
+
+def device_kind(tensors: Sequence[Any]) -> str:
+    """The device kind (``cpu``/``cuda``) negotiated with the other ranks."""
+    if len(tensors) == 1:
+        return arrays.device_of(tensors[0])
+    devices = {(arrays.device_of(t), arrays.device_index(t)) for t in tensors}
+    if len(devices) > 1:
+        named = sorted(k if i is None else f"{k}:{i}" for k, i in devices)
+        raise ValueError(f"tensors of one grouped call must share a device, got {named}")
+    return devices.pop()[0] if devices else "cpu"
+
+
+def ready_events(tensors: Sequence[Any]) -> Any:
+    """For CUDA tensors: events on the framework's current streams, recorded now, that the
+    device data plane waits for before reading them (see :mod:`mpitrain.engine.device`)."""
+    if not tensors or not arrays.is_cuda(tensors[0]):
+        return None
+    return device.mark_ready([arrays.current_stream(t) for t in tensors])
+
+
+def as_list(tensors: Any) -> list[Any]:
+    if not isinstance(tensors, (list, tuple)):
+        raise TypeError(f"grouped ops take a list or tuple of tensors, got "
+                        f"{type(tensors).__name__}")
+    return list(tensors)
+
+
+def poll(handle: Handle) -> bool:
+    """True when the asynchronous operation behind ``handle`` has finished."""
+    if not isinstance(handle, Handle):
+        raise TypeError(f"poll takes a handle from an *_async call, got {type(handle).__name__}")
+    return handle.done()
+
+
+def synchronize(handle: Handle) -> Any:
+    """Wait for ``handle``'s operation and return its result.
+
+    Raises:
+        MpitrainInternalError: the operation failed on some rank (mismatch, shutdown, stall).
+    """
+    if not isinstance(handle, Handle):
+        hint = ("; sparse_allreduce_async returns a function: call it for the result"
+                if callable(handle) else "")
+        raise TypeError(f"synchronize takes a handle from an *_async call, got "
+                        f"{type(handle).__name__}{hint}")
+    return handle.wait()

@@ -1,0 +1,151 @@
+"""The job's life: ``init()`` and ``shutdown()``, the engine they start and stop, and the
+registration of process sets (which the engine negotiates).
+
+One floor above :mod:`mpitrain.runtime`: ``init()`` starts the runtime (configuration,
+topology, communicators, device binding), then builds and starts the engine on it;
+``shutdown()`` stops the engine, then the runtime.  Everything above (the front door in
+:mod:`mpitrain.collectives`, the adapters) reaches the engine only through :func:`engine`, so
+this is the one place that owns its life: elastic training rebuilds from here.
+"""
+
+from __future__ import annotations
+
+import atexit
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from . import runtime
+from .engine.device import cuda_awareness
+from .engine.engine import Engine
+from .engine.request import Kind, Request
+from .errors import not_initialized
+from .process_sets import ProcessSet, global_process_set, registry
+
+_engine: Engine | None = None
+_lock = threading.RLock()
+_atexit_registered = False
+
+
+def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
+    """Initialise mpitrain: communicators, topology, device binding and the engine.
+
+    Every rank of ``comm`` must call this, in the same order (it is collective).  Calling it
+    again while initialised does nothing.
+
+    Args:
+        comm: ``None`` for MPI_COMM_WORLD, an mpi4py communicator (duplicated), or a list of
+            world ranks that form the job.
+        process_sets: ProcessSet objects to register now (every rank passes the same list), or
+            ``"dynamic"`` (accepted for Horovod compatibility: sets may always be added later).
+
+    Raises:
+        ValueError: this process is not part of ``comm``, the rank list is malformed, or
+            ``process_sets`` is a string other than ``"dynamic"``.
+        TypeError: ``comm`` is neither a communicator nor a list of ranks.
+        mpitrain.launchers.LauncherMismatchError: a launcher started several processes but MPI
+            sees a world of one (torchrun, srun without PMI, another MPI's mpirun); see
+            :mod:`mpitrain.launchers`.
+    """
+    global _engine, _atexit_registered
+    if isinstance(process_sets, str) and process_sets != "dynamic":
+        raise ValueError(f"init(process_sets={process_sets!r}): pass a list of ProcessSet "
+                         "objects or 'dynamic'")
+    with _lock:
+        if _engine is not None:
+            return
+        state = runtime.start(comm)
+        try:
+            if state.device is not None:
+                # A GPU job: decide once, at init, whether MPI takes device pointers.
+                cuda_awareness(state.config.cuda_aware_mpi)
+            engine = Engine(state.config, state.topology, state.comms)
+            engine.start()
+        except BaseException:
+            runtime.stop()
+            raise
+        _engine = engine
+        global_process_set.ranks = list(range(state.topology.size))
+        if not _atexit_registered:
+            atexit.register(shutdown)
+            _atexit_registered = True
+    if process_sets is not None and not isinstance(process_sets, str):
+        for ps in process_sets:
+            add_process_set(ps)
+
+
+def shutdown() -> None:
+    """Stop the engine and free mpitrain's communicators; requests in flight fail.
+
+    Safe to call more than once, and called automatically at interpreter exit.
+    """
+    global _engine
+    with _lock:
+        engine, _engine = _engine, None
+    if engine is None:
+        return
+    try:
+        engine.stop()
+    finally:
+        registry.forget_all()  # ids are meaningless once the engine that gave them stopped
+        runtime.stop()
+
+
+def engine() -> Engine:
+    """The running engine, or the not-initialised ValueError."""
+    current = _engine
+    if current is None:
+        raise not_initialized()
+    return current
+
+
+def add_process_set(process_set: ProcessSet | Sequence[int]) -> ProcessSet:
+    """Register a process set; every rank must call this, in the same order.
+
+    Returns:
+        The registered ProcessSet (the one passed in, now with an id).
+
+    Raises:
+        ValueError: the ranks are out of range, or the set is already registered.
+    """
+    ps = process_set if isinstance(process_set, ProcessSet) else ProcessSet(process_set)
+    if ps.process_set_id is not None:
+        raise ValueError(f"{ps!r} is already registered")
+    running = engine()
+    ranks = ps.resolve_ranks()
+    size = runtime.size()
+    bad = [r for r in ranks if not 0 <= r < size]
+    if bad or not ranks:
+        raise ValueError(f"process set ranks {ranks} must be non-empty and within 0..{size - 1}")
+    request = Request(name=running.next_name(0, Kind.ADD_SET), kind=Kind.ADD_SET, entries=[],
+                      payload=tuple(ranks))
+    registry.remember(ps, running.submit(request).wait(), ranks)
+    return ps
+
+
+def remove_process_set(process_set: ProcessSet) -> bool:
+    """Retire a process set; every rank must call this, in the same order.
+
+    Returns:
+        True once removed; False when it was not registered.
+
+    Raises:
+        ValueError: an attempt to remove the global process set.
+    """
+    set_id = process_set.process_set_id
+    if set_id == 0:
+        raise ValueError("the global process set cannot be removed")
+    if set_id is None:
+        return False
+    running = engine()
+    request = Request(name=running.next_name(0, Kind.REMOVE_SET), kind=Kind.REMOVE_SET,
+                      entries=[], payload=set_id)
+    try:
+        running.submit(request).wait()
+    except ValueError:
+        return False
+    registry.forget(process_set)
+    return True
+
+
+__all__ = ["add_process_set", "engine", "init", "remove_process_set", "shutdown"]
