@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 def _load_face() -> None:
     """Import the face and bind its names here, so later lookups never come back."""
+    # The face imports torch: loaded on first use, so that `import mpitrain` stays light.
     from . import _face
 
     namespace = globals()

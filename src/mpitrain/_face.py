@@ -9,6 +9,7 @@ The path of a gradient continues in ``torch/optimizer.py``, then ``engine/``, th
 from .collectives import (
     Adasum,
     Average,
+    Handle,
     Max,
     Min,
     Product,
@@ -38,7 +39,6 @@ from .collectives import (
 )
 from .compression import Compression
 from .dtypes import ReduceOp
-from .engine.request import Handle
 from .errors import HorovodInternalError, MpitrainInternalError
 from .process_sets import ProcessSet, global_process_set
 from .runtime import (

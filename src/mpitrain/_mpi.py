@@ -40,7 +40,7 @@ def prepare_environment() -> None:
 def load() -> Any:
     """Return the ``mpi4py.MPI`` module, initialising MPI if nobody has yet."""
     prepare_environment()
-    from mpi4py import MPI
+    from mpi4py import MPI  # importing it starts MPI: only after prepare_environment()
 
     if not MPI.Is_initialized():
         MPI.Init_thread(MPI.THREAD_MULTIPLE)

@@ -9,7 +9,7 @@ from typing import Any
 
 def _torch() -> Any | None:
     try:
-        import torch
+        import torch  # optional here: numpy-only code binds devices without torch
     except ImportError:  # torch is a dependency, but numpy-only code must still run
         return None
     return torch

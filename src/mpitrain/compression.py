@@ -76,7 +76,7 @@ class BF16Compressor(Compressor):
         if isinstance(tensor, torch.Tensor):
             return tensor.to(torch.bfloat16), tensor.dtype
         try:
-            import ml_dtypes
+            import ml_dtypes  # optional: only bf16 compression of numpy arrays needs it
         except ImportError:
             raise TypeError("Compression.bf16 on numpy arrays needs the ml_dtypes package; "
                             "use torch tensors or Compression.fp16") from None

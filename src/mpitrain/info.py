@@ -17,6 +17,8 @@ import json
 import sys
 from typing import Any
 
+import numpy as np
+
 from . import _mpi, config, runtime, session
 from .dtypes import ReduceOp
 from .version import __version__
@@ -51,9 +53,7 @@ def _rank_row() -> dict[str, Any]:
 
 def collect() -> dict[str, Any]:
     """Gather the job's layout to every rank (collective: every rank must call it)."""
-    import numpy as np
-
-    from . import allreduce
+    from . import allreduce  # the hvd face (torch) loads on first use
 
     state = runtime.state()
     rows = state.comms.world.allgather(_rank_row())

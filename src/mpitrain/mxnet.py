@@ -18,8 +18,8 @@ from .collectives import (
     grouped_allreduce,
 )
 from .compression import Compression
-from .kvstore.optimizer import SGD, Adam, Optimizer
 from .kvstore.trainer import DistributedTrainer, broadcast_parameters
+from .kvstore.updater import SGD, Adam, Optimizer
 from .runtime import is_initialized, local_rank, local_size, rank, size
 from .session import init, shutdown
 

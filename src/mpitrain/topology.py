@@ -122,7 +122,7 @@ def build(comm: Any, emulated_local_size: int = 0, use_launcher_env: bool = True
     Returns:
         The Topology of this rank and the communicators it was derived from.
     """
-    from mpi4py import MPI
+    from mpi4py import MPI  # importing it starts MPI: only once init() runs
 
     rank = comm.Get_rank()
     machine = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
@@ -159,7 +159,7 @@ def build_subset(comm: Any, world: Topology, world_ranks: list[int]) -> tuple[To
     Collective over the members of ``comm`` (the set's communicator, ranks ordered as
     ``world_ranks``).
     """
-    from mpi4py import MPI
+    from mpi4py import MPI  # importing it starts MPI: only once init() runs
 
     node, local_rank = world.layout[world.rank]
     local = comm.Split(node, key=local_rank)
@@ -170,7 +170,7 @@ def build_subset(comm: Any, world: Topology, world_ranks: list[int]) -> tuple[To
 def _assemble(comm: Any, local: Any, machine: Any, emulated: bool) -> tuple[Topology,
                                                                            Communicators]:
     """Derive node numbering, layout and the cross communicator from a local split."""
-    from mpi4py import MPI
+    from mpi4py import MPI  # importing it starts MPI: only once init() runs
 
     rank, size = comm.Get_rank(), comm.Get_size()
     local_rank, local_size = local.Get_rank(), local.Get_size()

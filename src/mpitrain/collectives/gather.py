@@ -176,7 +176,7 @@ def _dumps(obj: Any) -> np.ndarray:
     does, so lambdas and functions defined in the script travel too; plain pickle otherwise.
     Either output is read back with ``pickle.loads``."""
     try:
-        import cloudpickle
+        import cloudpickle  # optional: used when installed, as Horovod does; pickle otherwise
     except ImportError:
         data = pickle.dumps(obj)
     else:

@@ -87,7 +87,7 @@ class DeviceLayer:
 
     def _dg(self, arrays: Sequence[Any]) -> Any:
         if self._device_group is None:
-            from ..ops.cuda.allreduce import DeviceGroup
+            from ..ops.cuda.allreduce import DeviceGroup  # CUDA kernels: on the first GPU request
             aware = cuda_awareness(self.group.config.cuda_aware_mpi)
             # The GPU of this rank's tensors (a joined rank, with none, keeps the current one).
             device = next((int(a.device.id) for a in arrays
@@ -111,7 +111,6 @@ class DeviceLayer:
                     seen.add(id(stream))
                     streams.append(stream)
         if not streams:  # a joined rank: no framework stream of its own to order against
-            from ..ops.cuda import require
             streams = [require("a collective on CUDA tensors").cuda.get_current_stream()]
         dg = self._dg(inputs)
         with dg.on_device():  # a joined rank's zeros are uploaded to this rank's GPU

@@ -409,7 +409,7 @@ class Engine:
 
 
 def _mpi() -> Any:
-    from mpi4py import MPI
+    from mpi4py import MPI  # importing it starts MPI: only once init() runs
 
     return MPI
 

@@ -10,11 +10,14 @@ See :mod:`mpitrain.kvstore.store` for the semantics (a replicated server on ever
 Horovod's MXNet face (``DistributedTrainer``, ``broadcast_parameters``) on the same code.
 """
 
-from . import optimizer
+from . import updater
 from .compression import GradientCompression
-from .optimizer import SGD, Adam, Optimizer, Updater
 from .store import KVStore, create
 from .trainer import DistributedTrainer, Trainer, broadcast_parameters
+from .updater import SGD, Adam, Optimizer, Updater
+
+# MXNet spells the module of its optimizers ``mx.optimizer``: the same name here.
+optimizer = updater
 
 __all__ = [
     "SGD",

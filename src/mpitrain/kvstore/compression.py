@@ -19,8 +19,8 @@ from typing import Any
 import torch
 
 from .. import collectives
+from ..collectives import Handle
 from ..compression import Compression
-from ..engine.request import Handle
 
 Finish = Callable[[Any], torch.Tensor]
 

@@ -21,7 +21,7 @@ import torch
 from .. import collectives, runtime, session
 from .. import files as _files
 from .compression import Finish, GradientCompression
-from .optimizer import Optimizer, Updater, as_torch
+from .updater import Optimizer, Updater, as_torch
 
 TYPES = {
     "dist_sync_mpi": "dist_sync_mpi",
@@ -222,7 +222,7 @@ class KVStore:
         Every rank must pass an equal optimizer; updates then keep the weights identical.
 
         Raises:
-            TypeError: ``optimizer`` is not an :class:`mpitrain.kvstore.optimizer.Optimizer`.
+            TypeError: ``optimizer`` is not an :class:`mpitrain.kvstore.updater.Optimizer`.
         """
         self._settle_all()
         self._updater = Updater(optimizer)

@@ -26,10 +26,10 @@ from .. import files as _files
 from ..compression import Compression, Compressor
 from ..process_sets import ProcessSet, global_process_set, size_of
 from ..torch.functions import broadcast_parameters as _broadcast_parameters
-from .optimizer import Optimizer, Updater, as_torch
-from .optimizer import create as create_optimizer
 from .store import KVStore
 from .store import create as create_kvstore
+from .updater import Optimizer, Updater, as_torch
+from .updater import create as create_optimizer
 
 _DIST_TYPES = ("dist_sync_mpi", "dist_sync", "dist_device_sync", "dist")
 

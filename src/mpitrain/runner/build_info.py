@@ -13,6 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from .. import _mpi, runtime
+from ..version import __version__
 from .mpi_command import Flavor, detect_flavor, find_launcher
 
 
@@ -26,7 +28,7 @@ def _module_version(name: str) -> str | None:
 
 def _torch_cuda() -> bool:
     try:
-        import torch
+        import torch  # optional and heavy: only the build report asks
 
         return bool(torch.cuda.is_available())
     except Exception:  # noqa: BLE001
@@ -35,7 +37,7 @@ def _torch_cuda() -> bool:
 
 def _numba_cuda() -> bool:
     try:
-        from numba import cuda
+        from numba import cuda  # optional and heavy: only the build report asks
 
         return bool(cuda.is_available())
     except Exception:  # noqa: BLE001 - numba without its CUDA part, or no driver
@@ -62,9 +64,6 @@ def _cuda_aware(library: str, launcher: str | None) -> str:
 
 def collect() -> dict[str, Any]:
     """Return the build report as a dict (starts MPI in this process if it is not yet)."""
-    from .. import _mpi, runtime
-    from ..version import __version__
-
     MPI = _mpi.load()
     library = MPI.Get_library_version().strip()
     try:

@@ -54,12 +54,12 @@ from ..session import add_process_set, remove_process_set, shutdown
 from . import keras
 from .basics import init
 from .broadcast_ops import broadcast, grouped_broadcast
+from .distributed_optimizer import DistributedOptimizer
 from .functions import broadcast_global_variables, broadcast_variables
 from .gather_ops import allgather, alltoall, grouped_allgather
 from .gradients import DistributedGradientTape, GradientReducer
 from .hooks import BroadcastGlobalVariablesHook
 from .info_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
-from .optimizer import DistributedOptimizer
 from .reduce_ops import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 from .sync_batch_norm import SyncBatchNormalization
 

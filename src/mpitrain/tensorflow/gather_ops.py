@@ -16,11 +16,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ..compression import Compression
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of
-from . import _bridge, _engine_ops, reduce_ops
+from . import _bridge, _engine_ops
 from ._support import differentiable, set_rank, set_size, zeros_for_none
 from ._support import not_converted as _not_converted
+from .dense_reduce import dense_allreduce
 
 
 def _rows(t: tf.Tensor) -> tf.Tensor:
@@ -38,8 +40,9 @@ def _allgather(tensors: list[tf.Tensor], name: str | None,
         ys = _engine_ops.allgather(list(xs), name, process_set)
 
         def backward(*dys: Any) -> list[tf.Tensor]:
-            summed = reduce_ops.grouped_allreduce(zeros_for_none(dys, ys), op=ReduceOp.AVERAGE,
-                                                  process_set=process_set)
+            upstream = [tf.convert_to_tensor(g) for g in zeros_for_none(dys, ys)]
+            summed = dense_allreduce(upstream, ReduceOp.AVERAGE, 1.0, 1.0, Compression.none,
+                                     None, process_set)
             counts = _engine_ops.allgather([_rows(x) for x in xs], None, process_set)
             me = set_rank(process_set)
             grads = []

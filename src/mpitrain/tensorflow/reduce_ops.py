@@ -19,39 +19,12 @@ import tensorflow as tf
 
 from .. import collectives
 from ..compression import Compression, Compressor
-from ..dtypes import ReduceOp, check_reduce_supported
+from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of
 from . import _bridge, _engine_ops, gather_ops
 from ._support import check_linear, differentiable, set_size, zeros_for_none
 from ._support import not_converted as _not_converted
-
-
-def _check_scaled(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float) -> None:
-    for i, t in enumerate(tensors):
-        check_reduce_supported(t.dtype.name, op)
-        if t.dtype == tf.bool and (pre != 1.0 or post != 1.0):
-            raise ValueError(f"tensors[{i}] is bool: scale factors must be 1, got "
-                             f"prescale_factor={pre}, postscale_factor={post}")
-
-
-def _dense_allreduce(tensors: list[tf.Tensor], op: ReduceOp, pre: float, post: float,
-                     compression: type[Compressor], name: str | None,
-                     process_set: ProcessSet) -> list[tf.Tensor]:
-    if not differentiable(tensors):
-        return _engine_ops.allreduce(tensors, op, pre, post, compression, name, process_set)
-
-    @tf.custom_gradient
-    def forward(*xs: tf.Tensor) -> Any:
-        ys = _engine_ops.allreduce(list(xs), op, pre, post, compression, name, process_set)
-
-        def backward(*dys: Any) -> list[tf.Tensor]:
-            check_linear(op, "allreduce")
-            return _dense_allreduce(zeros_for_none(dys, ys), op, pre, post, compression, None,
-                                    process_set)
-
-        return ys, backward
-
-    return list(forward(*tensors))
+from .dense_reduce import check_scaled, dense_allreduce
 
 
 def _sparse_allreduce(slices: list[tf.IndexedSlices], op: ReduceOp, scale: float,
@@ -111,10 +84,10 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
     converted = {i: _bridge.as_tensor(tensors[i], f"tensors[{i}]") for i in dense}
-    _check_scaled(list(converted.values()), reduce_op, pre, post)
+    check_scaled(list(converted.values()), reduce_op, pre, post)
     out: list[Any] = list(tensors)
     if dense:
-        reduced = _dense_allreduce([converted[i] for i in dense], reduce_op, pre, post,
+        reduced = dense_allreduce([converted[i] for i in dense], reduce_op, pre, post,
                                    compression, name, process_set)
         for i, r in zip(dense, reduced):
             out[i] = r
@@ -200,7 +173,7 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     post = collectives.scale_factor(postscale_factor, "postscale_factor")
     set_id_of(process_set)
     converted = [_bridge.as_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    _check_scaled(converted, reduce_op, pre, post)
+    check_scaled(converted, reduce_op, pre, post)
     for i, t in enumerate(converted):
         if t.shape.rank == 0:
             raise ValueError(f"reducescatter needs tensors[{i}] with at least one dimension, "

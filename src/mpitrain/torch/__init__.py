@@ -12,7 +12,11 @@ happens at import, and MPI starts only at ``init()``.
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 from typing import Any
+
+import mpitrain
 
 from .amp import install as _install_amp_support
 from .c10d import register as _register_c10d_backend
@@ -22,11 +26,6 @@ _install_amp_support()
 
 
 def __getattr__(name: str) -> Any:
-    import importlib
-    import importlib.util
-
-    import mpitrain
-
     # ``from . import flat_buckets`` inside this package asks for the attribute before it
     # imports the submodule: import it, rather than loading the whole face (a cycle).
     if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
@@ -38,6 +37,4 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    import mpitrain
-
     return sorted(set(mpitrain.__all__) | set(globals()))

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import collectives
+from .. import collectives, runtime
 from ..collectives import allgather_object, broadcast_object
 from ..process_sets import ProcessSet, global_process_set
 
@@ -140,8 +140,6 @@ def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int =
                         f"{type(optimizer).__name__}")
     if model is not None and not isinstance(model, torch.nn.Module):
         raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    from .. import runtime
-
     if not optimizer.state:
         _zero_missing_gradients(optimizer, model)
     is_root = runtime.rank() == root_rank

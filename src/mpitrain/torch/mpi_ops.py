@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .. import collectives
+from .. import collectives, runtime
 from ..compression import Compression, Compressor
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, rank_in, size_of
@@ -174,8 +174,6 @@ class _Broadcast(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        from .. import runtime
-
         reduced = collectives.allreduce(grad.contiguous(), op=ReduceOp.AVERAGE,
                               process_set=ctx.process_set)
         if runtime.rank() != ctx.root_rank:

@@ -42,7 +42,7 @@ from ..functions import broadcast_variables
 from ..mpi_ops import allgather, allreduce, broadcast
 from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks
-from .optimizer import DistributedOptimizer
+from .optimizer_keras3 import DistributedOptimizer
 
 __all__ = [
     "Average",

@@ -11,7 +11,7 @@ from ..compression import Compression, Compressor
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
 from .gradients import GradientReducer, check_one_pass
-from .keras.optimizer import DistributedOptimizer as KerasDistributedOptimizer
+from .keras.optimizer_keras3 import DistributedOptimizer as KerasDistributedOptimizer
 from .optimizer_v1 import DistributedOptimizerV1
 
 

@@ -1,0 +1,51 @@
+"""The differentiable dense allreduce of TF tensors, on its own so that both
+:mod:`.reduce_ops` (allreduce) and :mod:`.gather_ops` (allgather, whose gradient is an
+allreduce) build on it without importing each other.
+
+The gradient, as in Horovod 0.28.1: the allreduce of the upstream gradients with the same op
+and scale factors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import tensorflow as tf
+
+from ..compression import Compressor
+from ..dtypes import ReduceOp, check_reduce_supported
+from ..process_sets import ProcessSet
+from . import _engine_ops
+from ._support import check_linear, differentiable, zeros_for_none
+
+
+def check_scaled(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float) -> None:
+    for i, t in enumerate(tensors):
+        check_reduce_supported(t.dtype.name, op)
+        if t.dtype == tf.bool and (pre != 1.0 or post != 1.0):
+            raise ValueError(f"tensors[{i}] is bool: scale factors must be 1, got "
+                             f"prescale_factor={pre}, postscale_factor={post}")
+
+
+def dense_allreduce(tensors: list[tf.Tensor], op: ReduceOp, pre: float, post: float,
+                     compression: type[Compressor], name: str | None,
+                     process_set: ProcessSet) -> list[tf.Tensor]:
+    if not differentiable(tensors):
+        return _engine_ops.allreduce(tensors, op, pre, post, compression, name, process_set)
+
+    @tf.custom_gradient
+    def forward(*xs: tf.Tensor) -> Any:
+        ys = _engine_ops.allreduce(list(xs), op, pre, post, compression, name, process_set)
+
+        def backward(*dys: Any) -> list[tf.Tensor]:
+            check_linear(op, "allreduce")
+            return dense_allreduce(zeros_for_none(dys, ys), op, pre, post, compression, None,
+                                    process_set)
+
+        return ys, backward
+
+    return list(forward(*tensors))
+
+
+__all__ = ["check_scaled", "dense_allreduce"]

@@ -1,0 +1,221 @@
+"""The layering ARCHITECTURE.md promises, checked on the source: who may import whom.
+
+Layers, bottom up (a module may import its own layer and the ones this table allows):
+
+    ground floor   config, topology, communicators, binding, dtypes, process sets, errors
+    data plane     mpitrain.ops: algorithms over plain buffers (no torch, no engine)
+    engine         mpitrain.engine: requests, negotiation, fusion, buckets, the thread
+    session        mpitrain.session: init/shutdown, the engine's life, process-set registration
+    front door     mpitrain.collectives (+ arrays, compression): the one way to the engine
+    adapters       torch/, tensorflow/, kvstore/, the hvd face, ...
+    tools          mpitrain.runner: the launcher, which starts no engine
+
+Every import counts, at module level or inside a function.  Module-level imports must not form
+a cycle, and an import inside a function must say why it is there (a comment on its line or the
+line above): it defers an optional or heavy dependency, or MPI's start.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+
+GROUND = {"_mpi", "adasum_layout", "binding", "config", "dtypes", "errors", "failure",
+          "job_env", "launchers", "memory", "process_sets", "runtime", "topology", "version"}
+FRONT_DOOR = {"collectives", "arrays", "compression"}
+ADAPTERS = {"torch", "tensorflow", "kvstore", "mxnet", "files", "scopes", "_face", "info"}
+
+MAY_IMPORT = {
+    "ground floor": {"ground floor"},
+    "data plane": {"ground floor", "data plane"},
+    "engine": {"ground floor", "data plane", "engine"},
+    "session": {"ground floor", "engine", "session"},
+    "front door": {"ground floor", "engine", "session", "front door"},
+    "adapters": {"ground floor", "session", "front door", "adapters"},
+    "tools": {"ground floor", "tools"},
+}
+# Frameworks stay above the front door: the lower floors serve numpy, torch and TF alike.
+NO_FRAMEWORKS = {"ground floor", "data plane", "engine", "session"}
+FRAMEWORKS = {"torch", "tensorflow", "keras"}
+# Module names that once meant two things (issue 14); each must name one module again.
+UNIQUE_NAMES = {"collectives", "runtime", "optimizer", "flat_buckets"}
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "adapters"  # the package root loads the hvd face
+    top = parts[1]
+    if top == "ops":
+        return "data plane"
+    if top == "engine":
+        return "engine"
+    if top == "session":
+        return "session"
+    if top == "runner":
+        return "tools"
+    if top in GROUND:
+        return "ground floor"
+    if top in FRONT_DOOR:
+        return "front door"
+    if top in ADAPTERS:
+        return "adapters"
+    raise AssertionError(f"{module} is in no layer: add it to tests/unit/test_layering.py "
+                         "and ARCHITECTURE.md")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+MODULES = {module_name(p): p for p in sorted(SRC.rglob("*.py"))}
+
+
+class Import:
+    def __init__(self, target: str, names: list[str], node: ast.stmt, in_function: bool):
+        self.target, self.names, self.node, self.in_function = target, names, node, in_function
+
+
+def imports_of(module: str) -> list[Import]:
+    path = MODULES[module]
+    tree = ast.parse(path.read_text())
+    package = module.split(".") if path.name == "__init__.py" else module.split(".")[:-1]
+    found: list[Import] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inside = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.ImportFrom):
+                if child.level:
+                    base = package[:len(package) - (child.level - 1)]
+                    target = ".".join(base + ([child.module] if child.module else []))
+                else:
+                    target = child.module or ""
+                found.append(Import(target, [a.name for a in child.names], child, in_function))
+            elif isinstance(child, ast.Import):
+                for alias in child.names:
+                    found.append(Import(alias.name, [], child, in_function))
+            visit(child, inside)
+
+    visit(tree, False)
+    return found
+
+
+def mpitrain_targets(imp: Import) -> list[str]:
+    """The mpitrain modules an import names (``from . import x`` names module ``x``)."""
+    if not imp.target.split(".")[0] == "mpitrain":
+        return []
+    out = [f"{imp.target}.{n}" for n in imp.names if f"{imp.target}.{n}" in MODULES]
+    if len(out) < len(imp.names) or not imp.names:
+        out.append(imp.target)
+    return out
+
+
+def test_every_module_belongs_to_a_layer():
+    for module in MODULES:
+        layer_of(module)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_go_down_the_layers(module):
+    layer = layer_of(module)
+    wrong = []
+    for imp in imports_of(module):
+        for target in mpitrain_targets(imp):
+            if layer_of(target) not in MAY_IMPORT[layer]:
+                wrong.append(f"line {imp.node.lineno}: {target} ({layer_of(target)})")
+        if layer in NO_FRAMEWORKS and imp.target.split(".")[0] in FRAMEWORKS:
+            if layer != "ground floor" or not imp.in_function:
+                wrong.append(f"line {imp.node.lineno}: {imp.target} (a framework)")
+    assert not wrong, f"{module} ({layer}) may not import: " + "; ".join(wrong)
+
+
+def test_no_import_cycle_at_module_level():
+    graph = {m: {t for imp in imports_of(m) if not imp.in_function
+                 for t in mpitrain_targets(imp) if t in MODULES and t != m}
+             for m in MODULES}
+    # A package's __init__ importing its own submodules is how packages are built, and a
+    # submodule importing a sibling through the package is resolved by then: leave those out.
+    for m, targets in graph.items():
+        graph[m] = {t for t in targets if not m.startswith(t + ".")
+                    and not t.startswith(m + ".")}
+    state: dict[str, int] = {}
+    cycle: list[str] = []
+
+    def walk(m: str, path: list[str]) -> bool:
+        state[m] = 1
+        for t in sorted(graph[m]):
+            if state.get(t) == 1:
+                cycle.extend(path[path.index(t):] + [m, t] if t in path else [m, t])
+                return True
+            if t not in state and walk(t, path + [m]):
+                return True
+        state[m] = 2
+        return False
+
+    for m in sorted(graph):
+        if m not in state and walk(m, []):
+            break
+    assert not cycle, "module-level import cycle: " + " -> ".join(cycle)
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_imports_inside_functions_say_why(module):
+    lines = MODULES[module].read_text().split("\n")
+    silent = [imp.node.lineno for imp in imports_of(module) if imp.in_function
+              and "#" not in lines[imp.node.lineno - 1]
+              and not lines[imp.node.lineno - 2].strip().startswith("#")]
+    assert not silent, (f"{module}: imports inside functions at lines {silent} give no reason; "
+                        "move them to the top, or say what they defer")
+
+
+@pytest.mark.parametrize("module", sorted(MODULES))
+def test_no_private_names_across_modules(module):
+    tree = ast.parse(MODULES[module].read_text())
+    module_aliases = set()
+    wrong = []
+    for imp in imports_of(module):
+        for name in imp.names:
+            full = f"{imp.target}.{name}"
+            if full in MODULES:
+                module_aliases.add(name)
+            elif (imp.target.startswith("mpitrain") and name.startswith("_")
+                  and not name.startswith("__")):
+                wrong.append(f"line {imp.node.lineno}: imports {name} from {imp.target}")
+        if isinstance(imp.node, ast.ImportFrom):
+            for alias in imp.node.names:
+                if f"{imp.target}.{alias.name}" in MODULES and alias.asname:
+                    module_aliases.add(alias.asname)
+                    if len(alias.asname) == 1:
+                        wrong.append(f"line {imp.node.lineno}: {alias.name} imported as "
+                                     f"{alias.asname}")
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                and node.value.id in module_aliases and node.attr.startswith("_")
+                and not node.attr.startswith("__")):
+            wrong.append(f"line {node.lineno}: {node.value.id}.{node.attr}")
+    assert not wrong, f"{module} reaches into other modules' private names: {wrong}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if layer_of(m) == "adapters"))
+def test_adapters_leave_fusion_and_the_engine_to_the_layers_below(module):
+    tree = ast.parse(MODULES[module].read_text())
+    wrong = [f"line {node.lineno}: .{node.attr}" for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute)
+             and node.attr in {"engine", "fusion_threshold", "shared_empty"}]
+    assert not wrong, (f"{module} reaches the engine or sizes buckets itself (ask "
+                       f"mpitrain.collectives): {wrong}")
+
+
+def test_module_names_that_meant_two_things_mean_one():
+    for name in UNIQUE_NAMES:
+        holders = [m for m, p in MODULES.items()
+                   if p.stem == name or (p.name == "__init__.py" and p.parent.name == name)]
+        assert len(holders) <= 1, f"{name} names several modules: {holders}"
