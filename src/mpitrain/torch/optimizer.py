@@ -105,7 +105,7 @@ class _DistributedOptimizer(GradientHooks):
             self._group_ready[group] = 0
 
     def _build_buckets(self) -> None:
-        """Give each CPU dense gradient a view in a flat, shared, zeroed bucket."""
+        """Give each CPU dense gradient a view in a flat, zeroed bucket the engine allocates."""
         cpu = [p for p in self._requires_update if p.device.type == "cpu"]
         if self._group_of:  # a group's gradients back to back, in group order
             order: list[torch.Tensor] = []
