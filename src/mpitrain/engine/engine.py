@@ -321,7 +321,7 @@ class Engine:
     def _control(self, resp: Response) -> None:
         """Add or remove a process set, at the same point of the global order everywhere."""
         assert resp.request is not None or resp.error is not None
-        payload = resp.meta[7]
+        payload = resp.meta.payload
         if resp.kind == Kind.ADD_SET:
             ranks = list(payload)
             set_id = self._next_set_id

@@ -18,7 +18,7 @@ from ..dtypes import STORAGE, ReduceOp
 from .device import DeviceLayer, is_cuda
 from .fusion import Piece, plan
 from .negotiation import Response
-from .request import Entry, Kind, Request
+from .request import Entry, Kind, Request, RequestMeta
 from .timeline import Timeline
 
 _OP_OF = {int(o): o for o in ReduceOp}  # a dict lookup instead of Enum.__call__ per tensor
@@ -54,10 +54,10 @@ def _adjacent_in_place(bucket: list[Piece]) -> np.ndarray | None:
     return raw.view(first.dtype)
 
 
-def _zeros_entries(meta: tuple[Any, ...]) -> list[Entry]:
+def _zeros_entries(meta: RequestMeta) -> list[Entry]:
     """Entries a joined rank uses for an allreduce it never submitted: zeros."""
     entries = []
-    for dtype, _ndim, shape in meta[6]:
+    for dtype, _ndim, shape in meta.tensors:
         zeros = np.zeros(shape, dtype=STORAGE[dtype])
         entries.append(Entry(input=zeros, shape=tuple(shape), dtype=dtype,
                              output=np.empty_like(zeros)))
@@ -88,15 +88,15 @@ class Executor:
         for resp in responses:
             kind = resp.kind
             if kind == Kind.ALLREDUCE:
-                request = resp.request
-                entries = request.entries if request is not None else _zeros_entries(resp.meta)
-                op, pre, post = _OP_OF[resp.meta[1]], resp.meta[2], resp.meta[3]
+                request, meta = resp.request, resp.meta
+                entries = request.entries if request is not None else _zeros_entries(meta)
+                op, pre, post = _OP_OF[meta.reduce_op], meta.prescale, meta.postscale
                 if op == ReduceOp.AVERAGE:
                     op, post = ReduceOp.SUM, post / self.group.size
                 for i, e in enumerate(entries):
                     assert e.input is not None and e.output is not None
                     piece = Piece(resp, i, _flat(e.input), _flat(e.output), e.dtype)
-                    allreduce.append(((e.dtype, op, pre, post, resp.meta[5]), piece))
+                    allreduce.append(((e.dtype, op, pre, post, meta.device), piece))
             elif kind == Kind.BROADCAST and is_cuda(resp.meta):
                 others.append(resp)  # staged through the host, one request at a time
             elif kind == Kind.BROADCAST:
@@ -104,8 +104,8 @@ class Executor:
                 for i, e in enumerate(resp.request.entries):
                     assert e.output is not None
                     src = e.input if e.input is not None else e.output
-                    broadcast.append((resp.meta[4], Piece(resp, i, _flat(src), _flat(e.output),
-                                                          e.dtype)))
+                    broadcast.append((resp.meta.root, Piece(resp, i, _flat(src),
+                                                            _flat(e.output), e.dtype)))
             else:
                 others.append(resp)
         for bucket in plan(allreduce, self.fusion_threshold):
@@ -119,8 +119,8 @@ class Executor:
     def _allreduce(self, bucket: list[Piece]) -> None:
         dtype = bucket[0].dtype
         meta = bucket[0].response.meta
-        op = ReduceOp(meta[1])
-        pre, post = meta[2], meta[3]
+        op = ReduceOp(meta.reduce_op)
+        pre, post = meta.prescale, meta.postscale
         if op == ReduceOp.AVERAGE:
             op, post = ReduceOp.SUM, post / self.group.size
         started = time.monotonic()
@@ -176,7 +176,7 @@ class Executor:
 
     # -------------------------------------------------------------------------- broadcast
     def _broadcast(self, bucket: list[Piece]) -> None:
-        root = int(bucket[0].response.meta[4])
+        root = int(bucket[0].response.meta.root)
         is_root = self.group.rank == root
         started = time.monotonic()
         self._queued(bucket, started)
@@ -230,7 +230,7 @@ class Executor:
         kind = resp.kind
         for entry in request.entries:
             if kind == Kind.BROADCAST:  # CUDA broadcasts only: CPU ones are fused above
-                self._broadcast_entry(int(resp.meta[4]), entry)
+                self._broadcast_entry(int(resp.meta.root), entry)
                 self.collectives += 1
                 continue
             if kind == Kind.ALLGATHER:

@@ -38,7 +38,7 @@ from mpi4py import MPI
 
 from ..errors import MpitrainInternalError
 from .cache import ResponseCache
-from .request import Kind, Request, describe_mismatch
+from .request import Kind, Request, RequestMeta, describe_mismatch
 
 # Flags carried in the OR word of the header.
 F_ANNOUNCE = 1
@@ -59,7 +59,7 @@ class Response:
     """A decision of one round, identical on every rank of the set."""
 
     name: str
-    meta: tuple[Any, ...]
+    meta: RequestMeta
     request: Request | None  # None on a joined rank that did not submit it
     error: str | None = None
     joined: frozenset[int] = frozenset()
@@ -69,7 +69,7 @@ class Response:
 
     @property
     def kind(self) -> Kind:
-        return _KIND_OF[self.meta[0]]
+        return _KIND_OF[self.meta.kind]
 
 
 @dataclass
@@ -119,7 +119,7 @@ class Negotiator:
         self.unannounced: list[Request] = []
         self.hits: dict[int, Request] = {}  # cache bit -> pending repeat
         self.stale: set[int] = set()
-        self.table: dict[str, dict[int, tuple[Any, ...]]] = {}
+        self.table: dict[str, dict[int, RequestMeta]] = {}
         self.joined: list[int] = []  # ranks of the set, in the order they joined
         self.stall_warn_s = stall_warn_s
         self.stall_shutdown_s = stall_shutdown_s
@@ -138,7 +138,8 @@ class Negotiator:
             if bit is not None:
                 cached = self.cache.entry(bit)
                 assert cached is not None
-                if cached[1] == request.meta():
+                _, cached_meta = cached
+                if cached_meta == request.meta():
                     self.hits[bit] = request
                     return
                 # Same name, different shape/dtype/...: everyone must forget this bit.
@@ -220,12 +221,15 @@ class Negotiator:
 
     def _exchange_announcements(self) -> None:
         self.announcement_rounds += 1
-        mine = [(r.name, r.meta()) for r in self.unannounced]
+        # Metas travel as plain tuples: the pickles stay as small as the fields themselves and
+        # name no class of ours; each rank rebuilds the named tuple on arrival.
+        mine = [(r.name, tuple(r.meta())) for r in self.unannounced]
         self.unannounced.clear()
         for rank, items in enumerate(self.comm.allgather(mine)):
-            for name, meta in items:
+            for name, fields in items:
+                meta = RequestMeta._make(fields)
                 self.table.setdefault(name, {})[rank] = meta
-                if meta[0] == Kind.JOIN and rank not in self.joined:
+                if meta.kind == Kind.JOIN and rank not in self.joined:
                     self.joined.append(rank)
 
     def _cached_ready(self, ready: np.ndarray, nbits: int,
@@ -251,7 +255,7 @@ class Negotiator:
             by_rank = self.table[name]
             first_rank = min(by_rank)  # the lowest rank is the reference in messages
             first_meta = by_rank[first_rank]
-            if first_meta[0] == Kind.JOIN:
+            if first_meta.kind == Kind.JOIN:
                 if set(by_rank) != everyone:
                     continue
                 last = self.joined[-1]
@@ -267,18 +271,18 @@ class Negotiator:
                 if meta != first_meta:
                     error = describe_mismatch(name, first_meta, first_rank, meta, rank)
                     break
-            if error is None and first_meta[0] != Kind.JOIN:
+            if error is None and first_meta.kind != Kind.JOIN:
                 error = self._joined_error(name, first_meta, joined - set(by_rank))
             out.append(Response(name, first_meta, request, error=error,
-                                joined=joined - set(by_rank) if first_meta[0] != Kind.JOIN
+                                joined=joined - set(by_rank) if first_meta.kind != Kind.JOIN
                                 else frozenset(), from_table=True, last_joined=last))
         return out
 
-    def _joined_error(self, name: str, meta: tuple[Any, ...], joined: frozenset[int]) -> str | None:
-        if not joined or meta[0] in (Kind.ALLREDUCE, Kind.BARRIER, Kind.JOIN):
+    def _joined_error(self, name: str, meta: RequestMeta, joined: frozenset[int]) -> str | None:
+        if not joined or meta.kind in (Kind.ALLREDUCE, Kind.BARRIER, Kind.JOIN):
             return None
         ranks = sorted(self.world_ranks[r] for r in joined)
-        return (f"{Kind(meta[0]).label} '{name}' cannot run while rank(s) {ranks} have joined; "
+        return (f"{Kind(meta.kind).label} '{name}' cannot run while rank(s) {ranks} have joined; "
                 "only allreduce and barrier continue after join()")
 
     def remember(self, response: Response) -> None:
@@ -323,7 +327,9 @@ class Negotiator:
             lines.append(f"  {kind.label} '{name}' waited {age:.0f} s; "
                          f"missing ranks: {missing_world}")
             if self.stall_shutdown_s > 0 and age >= self.stall_shutdown_s:
-                failed.append(self._fail_stalled(name, missing_world, age))
+                response = self._fail_stalled(name, missing_world, age)
+                if response is not None:
+                    failed.append(response)
         if lines and self.rank == 0:
             sys.stderr.write(
                 "mpitrain: stall: some ranks submitted tensors that others have not for more "
@@ -331,7 +337,7 @@ class Negotiator:
                 "tensors, or only some ranks are submitting; that deadlocks.\n"
                 + "\n".join(lines) + "\n")
             sys.stderr.flush()
-        return [f for f in failed if f.request is not None]
+        return failed
 
     def _gather_pending(self) -> list[tuple[str, Kind, float, list[int], list[int]]]:
         """Every rank's pending requests, oldest first: (name, kind, age, have, missing).
@@ -385,7 +391,8 @@ class Negotiator:
         self.joined.clear()
         return failed
 
-    def _fail_stalled(self, name: str, missing: list[int], waited: float) -> Response:
+    def _fail_stalled(self, name: str, missing: list[int], waited: float) -> Response | None:
+        """Forget ``name`` here; the failed response, or None if this rank never submitted it."""
         request = self.pending.pop(name, None)
         self.table.pop(name, None)
         for bit, r in list(self.hits.items()):
@@ -393,8 +400,9 @@ class Negotiator:
                 del self.hits[bit]
         if request in self.unannounced:
             self.unannounced.remove(request)
-        meta = request.meta() if request is not None else ()
-        return Response(name, meta, request,
+        if request is None:
+            return None
+        return Response(name, request.meta(), request,
                         error=f"'{name}' stalled for {waited:.0f} s waiting for ranks {missing}; "
                               "giving up (MPITRAIN_STALL_SHUTDOWN_TIME_SECONDS)")
 

@@ -1,9 +1,9 @@
 """Requests the adapters submit, and the handles they wait on.
 
 A request is one named collective: a single tensor, or a group of tensors negotiated and
-executed together (Horovod's grouped ops).  Its ``meta`` is everything that must be equal on
-every rank for the collective to be well defined; the engine compares metas across ranks
-before anything moves.
+executed together (Horovod's grouped ops).  Its ``meta`` (a :class:`RequestMeta`) is
+everything that must be equal on every rank for the collective to be well defined; the engine
+compares metas across ranks before anything moves.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -41,6 +41,27 @@ class Kind(enum.IntEnum):
 # Ops whose first dimension may differ between ranks (only the rest is negotiated).
 _RAGGED = (Kind.ALLGATHER, Kind.ALLTOALL)
 
+# One tensor's part of a meta: (dtype, number of dimensions, shape); the shape leaves out the
+# first dimension for ragged ops.  Compared position by position with ENTRY_FIELDS' labels.
+EntryMeta = tuple[str, int, tuple[int, ...]]
+
+
+class RequestMeta(NamedTuple):
+    """What every rank must agree on before a request may run, compared field by field.
+
+    It crosses the wire as the plain tuple of its fields (see ``Negotiator``), so the field
+    order is part of the negotiation exchange; :data:`META_FIELDS` labels them in messages.
+    """
+
+    kind: int  # a Kind
+    reduce_op: int  # a ReduceOp
+    prescale: float
+    postscale: float
+    root: int  # rank within the process set; -1 for ops without a root
+    device: str  # "cpu" or "cuda" (engine.device)
+    tensors: tuple[EntryMeta, ...]  # one per tensor, see EntryMeta
+    payload: Any  # control requests: the ranks of a set to add / the id to remove
+
 
 @dataclass(eq=False)
 class Entry:
@@ -54,7 +75,7 @@ class Entry:
     splits: tuple[int, ...] | None = None  # alltoall: rows sent to each rank
     received_splits: tuple[int, ...] | None = None  # alltoall: rows received from each rank
 
-    def meta(self, kind: Kind) -> tuple[Any, ...]:
+    def meta(self, kind: Kind) -> EntryMeta:
         shape_key = self.shape[1:] if kind in _RAGGED else self.shape
         return (self.dtype, len(self.shape), shape_key)
 
@@ -77,28 +98,28 @@ class Request:
     handle: Handle | None = None
     submitted_at: float = field(default_factory=time.monotonic)
 
-    def meta(self) -> tuple[Any, ...]:
+    def meta(self) -> RequestMeta:
         """What every rank must agree on before this request may run."""
-        return (int(self.kind), int(self.op), float(self.prescale), float(self.postscale),
-                int(self.root), self.device, tuple(e.meta(self.kind) for e in self.entries),
-                self.payload)
+        return RequestMeta(int(self.kind), int(self.op), float(self.prescale),
+                           float(self.postscale), int(self.root), self.device,
+                           tuple(e.meta(self.kind) for e in self.entries), self.payload)
 
     @property
     def nbytes(self) -> int:
         return sum(e.input.nbytes for e in self.entries if e.input is not None)
 
 
+# Labels of RequestMeta's and EntryMeta's fields, in their order, for mismatch messages.
 META_FIELDS = ("operation", "reduce op", "prescale factor", "postscale factor", "root rank",
                "device", "tensors", "arguments")
 ENTRY_FIELDS = ("dtype", "number of dimensions", "shape")
 
 
-def describe_mismatch(name: str, meta_a: tuple[Any, ...], rank_a: int, meta_b: tuple[Any, ...],
+def describe_mismatch(name: str, meta_a: RequestMeta, rank_a: int, meta_b: RequestMeta,
                       rank_b: int) -> str:
     """Explain the first difference between two ranks' metas, naming both values."""
-    kind = Kind(meta_a[0]).label
-    for index, field_name in enumerate(META_FIELDS):
-        a, b = meta_a[index], meta_b[index]
+    kind = Kind(meta_a.kind).label
+    for field_name, a, b in zip(META_FIELDS, meta_a, meta_b):
         if a == b:
             continue
         if field_name == "operation":
@@ -112,16 +133,17 @@ def describe_mismatch(name: str, meta_a: tuple[Any, ...], rank_a: int, meta_b: t
     return f"mismatched arguments for {kind} '{name}' between ranks {rank_a} and {rank_b}"
 
 
-def _describe_entries(name: str, kind: str, a: Sequence[Any], rank_a: int, b: Sequence[Any],
-                      rank_b: int) -> str:
+def _describe_entries(name: str, kind: str, a: Sequence[EntryMeta], rank_a: int,
+                      b: Sequence[EntryMeta], rank_b: int) -> str:
     if len(a) != len(b):
         return (f"mismatched number of tensors for grouped {kind} '{name}': rank {rank_a} has "
                 f"{len(a)}, rank {rank_b} has {len(b)}")
+    va: Any  # the fields of an EntryMeta differ in type
+    vb: Any
     for i, (ea, eb) in enumerate(zip(a, b)):
-        for j, field_name in enumerate(ENTRY_FIELDS):
-            if ea[j] != eb[j]:
+        for field_name, va, vb in zip(ENTRY_FIELDS, ea, eb):
+            if va != vb:
                 where = f"tensor {i} of '{name}'" if len(a) > 1 else f"'{name}'"
-                va, vb = ea[j], eb[j]
                 if field_name == "shape" and kind in ("allgather", "alltoall"):
                     field_name = "shape beyond the first dimension"
                 if field_name == "shape":
