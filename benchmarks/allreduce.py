@@ -5,7 +5,7 @@ For each world size / topology (p=2, p=4 and the emulated 2x2 by default) one MP
 every contender on the same float32 buffers, contenders taking turns round by round so that
 drift on a shared machine hits them alike:
 
-* ``mpitrain:<algo>`` (raw): ``mpitrain.ops.collectives.allreduce`` with the algorithm forced
+* ``mpitrain:<algo>`` (raw): ``mpitrain.ops.algorithms.allreduce`` with the algorithm forced
   (mpi, shm, ring, hierarchical) or ``auto``, on preallocated numpy buffers;
 * ``api``: ``mpitrain.allreduce(torch_tensor, op=Sum)`` through the engine (a new output tensor
   each call, as users call it);
@@ -17,7 +17,7 @@ algbw·2(p-1)/p (nccl-tests), and ``floor`` = (2·p·S/t) / copy bandwidth, the 
 memory-traffic limit reached (copy bandwidth is measured in the same job: all ranks copying a
 buffer larger than the last-level cache at once, bytes read + written per second).  Then, per
 topology, the measured crossover: the smallest size from which one of mpitrain's algorithms
-beats MPI's Allreduce (the selection threshold in ``mpitrain.ops.collectives``), and the same
+beats MPI's Allreduce (the selection threshold in ``mpitrain.ops.algorithms``), and the same
 for broadcast and allgather through shared memory against MPI's own (from 16 KiB).
 
     .venv/bin/python benchmarks/allreduce.py                      # 8 B .. 256 MiB, p=2,4,2x2
@@ -71,7 +71,7 @@ def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> in
     from mpitrain import config as config_mod
     from mpitrain import topology
     from mpitrain.dtypes import ReduceOp
-    from mpitrain.ops import collectives, mpi, shm
+    from mpitrain.ops import algorithms, mpi, shm
     from mpitrain.ops.group import Group
 
     world = MPI.COMM_WORLD
@@ -123,13 +123,13 @@ def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> in
         contenders = {}
         for algo in algos:
             contenders[f"mpitrain:{algo}"] = (
-                lambda a=algo: collectives.allreduce(group, src, out, "float32", ReduceOp.SUM,
-                                                     algorithm=a, streams=1))
+                lambda a=algo: algorithms.allreduce(group, src, out, "float32", ReduceOp.SUM,
+                                                    algorithm=a, streams=1))
         for s in streams:
             if s > 1 and nbytes >= 4 * MiB:
                 contenders[f"mpitrain:auto,streams={s}"] = (
-                    lambda s_=s: collectives.allreduce(group, src, out, "float32",
-                                                       ReduceOp.SUM, streams=s_))
+                    lambda s_=s: algorithms.allreduce(group, src, out, "float32",
+                                                      ReduceOp.SUM, streams=s_))
         contenders["api"] = lambda: hvd.allreduce(tensor, op=hvd.Sum, name="bench")
         contenders["mpi4py"] = lambda: world.Allreduce(src, out, op=MPI.SUM)
         contenders["gloo"] = lambda: dist.all_reduce(tensor)
@@ -139,13 +139,13 @@ def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> in
             for name in names[shift:] + names[:shift]:
                 timed(name, nbytes, contenders[name], max(1, iters // rounds))
         # Correctness of what we time: the sum of 1..p on every element.
-        collectives.allreduce(group, src, out, "float32", ReduceOp.SUM)
+        algorithms.allreduce(group, src, out, "float32", ReduceOp.SUM)
         assert float(out[0]) == size * (size + 1) / 2, out[0]
 
     for nbytes in sizes:
         measure(nbytes)
 
-    # Broadcast and allgather: MPI's own against shared memory (collectives.SHM_MIN_BYTES).
+    # Broadcast and allgather: MPI's own against shared memory (algorithms.SHM_MIN_BYTES).
     node = group.node()
     one_node = topo.num_nodes == 1 and size > 1 and node.cma
     for nbytes in (s for s in sizes if s >= 16 * KiB and one_node):

@@ -18,7 +18,7 @@ Run as root from a checkout with its .venv::
 Output: per size, the median time of each contender, its algbw and busbw (nccl-tests: algbw
 = S/t, busbw = algbw * 2(p-1)/p) and its time relative to MPI's; then, per size, which of ring
 and hierarchical was faster and how close ``auto`` came to it (``auto`` leaves messages below
-its measured crossover to MPI's own allreduce; see ``mpitrain.ops.collectives``).
+its measured crossover to MPI's own allreduce; see ``mpitrain.ops.algorithms``).
 ``tbf`` limits rate; ``netem`` (added delay) is not available on our machines, so the latency
 argument is tbf's queueing bound, not a fixed delay.
 """

@@ -16,7 +16,7 @@ from mpi4py import MPI
 from mpitrain import config as config_mod
 from mpitrain import topology
 from mpitrain.dtypes import STORAGE, ReduceOp
-from mpitrain.ops import collectives, reference, shm
+from mpitrain.ops import algorithms, reference, shm
 from mpitrain.ops.group import Group
 
 MPI_CONFIGS = ("np1", "np2", "np3", "np4", "2x2", "3=2+1")
@@ -84,8 +84,8 @@ def test_allreduce_matrix(group, algorithm, in_place):
                         continue  # the long case once per dtype is enough
                     send = values(RANK, n, dtype, op)
                     recv = send if in_place else np.full_like(send, 1)
-                    collectives.allreduce(group, send, recv, dtype, op, pre, post,
-                                          algorithm=algorithm)
+                    algorithms.allreduce(group, send, recv, dtype, op, pre, post,
+                                         algorithm=algorithm)
                     want = reference.reduce([values(r, n, dtype, op) for r in range(SIZE)],
                                             dtype, op, pre, post)
                     what = f"{algorithm} {dtype} {op.name} n={n} pre={pre} post={post}"
@@ -99,8 +99,8 @@ def test_channels_split_large_buckets(group, streams):
     for algorithm in ("shm", "ring", "hierarchical"):
         send = values(RANK, n, "float32", ReduceOp.SUM)
         recv = np.empty_like(send)
-        collectives.allreduce(group, send, recv, "float32", ReduceOp.SUM, 1.0, 0.25,
-                              algorithm=algorithm, streams=streams)
+        algorithms.allreduce(group, send, recv, "float32", ReduceOp.SUM, 1.0, 0.25,
+                             algorithm=algorithm, streams=streams)
         want = reference.reduce([values(r, n, "float32", ReduceOp.SUM) for r in range(SIZE)],
                                 "float32", ReduceOp.SUM, 1.0, 0.25)
         check(recv, want, "float32", f"{algorithm} streams={streams}")
@@ -123,7 +123,7 @@ def test_allgather_broadcast(group, nbytes):
         send = np.full(counts[RANK], RANK + 1, dtype=np.uint8)
         recv = np.zeros(sum(counts), dtype=np.uint8)
         if node is None:
-            collectives.allgather(group, send, recv, counts)
+            algorithms.allgather(group, send, recv, counts)
         else:
             shm.allgather(node, send, recv, counts)
         want = np.concatenate([np.full(c, r + 1, dtype=np.uint8) for r, c in enumerate(counts)])
@@ -131,7 +131,7 @@ def test_allgather_broadcast(group, nbytes):
         for root in range(SIZE):
             buf = np.full(nbytes, RANK + 7, dtype=np.uint8)
             if node is None:
-                collectives.broadcast(group, buf, root)
+                algorithms.broadcast(group, buf, root)
             else:
                 shm.broadcast(node, buf, root)
             np.testing.assert_array_equal(buf, np.full(nbytes, root + 7, dtype=np.uint8),
@@ -146,7 +146,7 @@ def test_reducescatter(group, dtype, n):
         send = values(RANK, n, dtype, ReduceOp.SUM)
         recv = np.empty(counts[RANK], dtype=send.dtype)
         if node is None:
-            collectives.reducescatter(group, send, recv, counts, dtype, ReduceOp.SUM, 2.0, 0.5)
+            algorithms.reducescatter(group, send, recv, counts, dtype, ReduceOp.SUM, 2.0, 0.5)
         else:
             shm.reducescatter(node, send, recv, counts, dtype, ReduceOp.SUM, 2.0, 0.5)
         full = reference.reduce([values(r, n, dtype, ReduceOp.SUM) for r in range(SIZE)],
@@ -156,8 +156,8 @@ def test_reducescatter(group, dtype, n):
 
 
 def test_auto_picks_by_size_and_layout(group):
-    small = collectives.choose_allreduce(group, 8, "auto")
-    large = collectives.choose_allreduce(group, 64 << 20, "auto")
+    small = algorithms.choose_allreduce(group, 8, "auto")
+    large = algorithms.choose_allreduce(group, 64 << 20, "auto")
     if SIZE == 1:
         assert large == "ring"
         return
@@ -189,8 +189,8 @@ def test_without_cross_memory_attach_shm_stages_and_others_fall_back(staged_grou
     g = staged_group
     assert SIZE == 1 or not g.node().cma
     if SIZE > 1:
-        assert collectives.choose_allreduce(g, 64 << 20, "hierarchical") == "ring"
-        assert collectives.choose_allreduce(g, 64 << 20, "shm") == (
+        assert algorithms.choose_allreduce(g, 64 << 20, "hierarchical") == "ring"
+        assert algorithms.choose_allreduce(g, 64 << 20, "shm") == (
             "shm" if g.topology.num_nodes == 1 else "ring")
     for algorithm in ("shm", "hierarchical", "auto"):
         for dtype in ("float32", "bfloat16", "int8", "bool"):
@@ -199,8 +199,8 @@ def test_without_cross_memory_attach_shm_stages_and_others_fall_back(staged_grou
                     send = values(RANK, n, dtype, op)
                     recv = np.empty_like(send)
                     pre, post = (1.0, 1.0) if dtype == "bool" else (2.0, 0.5)
-                    collectives.allreduce(g, send, recv, dtype, op, pre, post,
-                                          algorithm=algorithm)
+                    algorithms.allreduce(g, send, recv, dtype, op, pre, post,
+                                         algorithm=algorithm)
                     want = reference.reduce([values(r, n, dtype, op) for r in range(SIZE)],
                                             dtype, op, pre, post)
                     what = f"staged {algorithm} {dtype} {op.name} n={n}"
@@ -209,6 +209,6 @@ def test_without_cross_memory_attach_shm_stages_and_others_fall_back(staged_grou
     counts = [(1 << 20) + r for r in range(SIZE)]
     send = np.full(counts[RANK], RANK + 1, dtype=np.uint8)
     recv = np.zeros(sum(counts), dtype=np.uint8)
-    collectives.allgather(g, send, recv, counts)
+    algorithms.allgather(g, send, recv, counts)
     want = np.concatenate([np.full(c, r + 1, dtype=np.uint8) for r, c in enumerate(counts)])
     np.testing.assert_array_equal(recv, want)

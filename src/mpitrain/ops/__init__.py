@@ -1,7 +1,7 @@
 """The data plane: collectives over plain numpy buffers and a Group; nothing here knows torch.
 
 The engine calls only the functions exported here.  Algorithm choice lives in
-:mod:`mpitrain.ops.collectives`; one module per algorithm: :mod:`.mpi` (MPI's own),
+:mod:`mpitrain.ops.algorithms`; one module per algorithm: :mod:`.mpi` (MPI's own),
 :mod:`.shm` (single-copy shared memory within a node, over :mod:`.cma`), :mod:`.ring`,
 :mod:`.hierarchical`, :mod:`.adasum`; :mod:`.channels` splits large buckets across parallel
 communicators; :mod:`.kernels.cpu` holds the numba reductions, :mod:`.kernels.adasum` Adasum's.
@@ -9,7 +9,7 @@ communicators; :mod:`.kernels.cpu` holds the numba reductions, :mod:`.kernels.ad
 
 from ..dtypes import FLOATING, INTEGER, STORAGE, ReduceOp, check_reduce_supported, itemsize
 from .adasum import AdasumLayoutError, check_layout
-from .collectives import (
+from .algorithms import (
     allgather,
     allgather_int,
     allreduce,

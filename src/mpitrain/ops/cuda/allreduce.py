@@ -27,7 +27,7 @@ import numpy as np
 
 from ...dtypes import STORAGE, ReduceOp
 from .. import mpi as mpi_ops
-from ..collectives import allreduce as host_allreduce
+from ..algorithms import allreduce as host_allreduce
 from ..group import Group
 from . import ipc, kernels, streams, transport
 from .pack import Packer
