@@ -1,6 +1,7 @@
-"""Choose an algorithm for each collective, by message size and topology.
+"""The collectives' algorithms, and which one runs, by message size and topology.
 
-Allreduce (``MPITRAIN_ALLREDUCE_ALGORITHM``, default ``auto``):
+Allreduce (``MPITRAIN_ALLREDUCE_ALGORITHM``, default ``auto``) is chosen from
+:data:`ALLREDUCE_TABLE`, rows tried in order (see :func:`choose_allreduce` for why that order):
 
 * below :data:`MPI_MAX_BYTES`, MPI's own Allreduce: it needs one synchronisation where the
   shared-memory algorithms need three, and Open MPI's shared-memory transport is good at
@@ -23,7 +24,8 @@ inputs (size, agreed topology, configuration), so the collectives always match.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,41 +62,116 @@ __all__ = [
 ]
 
 
+# An algorithm's body: (group or one of its channels, send, recv, dtype, op, prescale,
+# postscale), reducing ``send`` into ``recv`` over that group.
+AllreduceRun = Callable[[Group, np.ndarray, np.ndarray, str, ReduceOp, float, float], None]
+
+
+@dataclass(frozen=True)
+class AllreduceAlgorithm:
+    """One row of :data:`ALLREDUCE_TABLE`."""
+
+    name: str  # as MPITRAIN_ALLREDUCE_ALGORITHM spells it
+    # (group, nbytes, requested algorithm) -> whether this row is taken, given that no row
+    # above it was; may call group.node(), collective the first time (see choose_allreduce).
+    applies: Callable[[Group, int, str], bool]
+    run: AllreduceRun
+    shared_memory: bool = False  # needs this node's shared-memory state, group.node()
+    channelled: bool = True  # split across parallel channels (MPI's own runs whole)
+
+
+def _mpi_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
+                   prescale: float, postscale: float) -> None:
+    mpi.allreduce(g, send, recv, dtype, op, prescale, postscale)
+
+
+def _ring_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
+                    prescale: float, postscale: float) -> None:
+    ring.allreduce(g.comm, send, recv, dtype, op, prescale, postscale, g.workspace())
+
+
+def _shm_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
+                   prescale: float, postscale: float) -> None:
+    shm.allreduce(g.node(), send, recv, dtype, op, prescale, postscale)
+
+
+def _hierarchical_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype: str,
+                            op: ReduceOp, prescale: float, postscale: float) -> None:
+    hierarchical.allreduce(g.node(), g.comms.cross, g.topology.is_homogeneous,
+                           g.workspace("cross"), send, recv, dtype, op, prescale, postscale)
+
+
+def _mpi_applies(group: Group, nbytes: int, requested: str) -> bool:
+    """Asked for by name, or ``auto`` with several ranks below the measured crossover."""
+    return requested == "mpi" or (requested == "auto" and group.topology.size > 1
+                                  and nbytes < MPI_MAX_BYTES)
+
+
+def _alone(group: Group, nbytes: int, requested: str) -> bool:
+    """A world of one, whatever was asked for: a ring of one is a fused local scaling."""
+    return group.topology.size == 1
+
+
+def _one_node(group: Group, nbytes: int, requested: str) -> bool:
+    """``shm`` or ``auto`` with every rank on one node."""
+    return requested in ("auto", "shm") and group.topology.num_nodes == 1
+
+
+def _with_cross_memory_attach(group: Group, nbytes: int, requested: str) -> bool:
+    """``hierarchical``, or ``shm``/``auto`` across nodes, where peers read each other's memory.
+
+    Without cross-memory attach its node phases would need staging.  Collective the first
+    time (``group.node()``); the ``requested`` test comes first so other requests skip it.
+    """
+    return requested in ("auto", "shm", "hierarchical") and group.node().cma
+
+
+def _always(group: Group, nbytes: int, requested: str) -> bool:
+    """The last row: ``ring`` by name, and the fallback of every row above."""
+    return True
+
+
+ALLREDUCE_TABLE: tuple[AllreduceAlgorithm, ...] = (
+    AllreduceAlgorithm("mpi", _mpi_applies, _mpi_allreduce, channelled=False),
+    AllreduceAlgorithm("ring", _alone, _ring_allreduce),
+    AllreduceAlgorithm("shm", _one_node, _shm_allreduce, shared_memory=True),
+    AllreduceAlgorithm("hierarchical", _with_cross_memory_attach, _hierarchical_allreduce,
+                       shared_memory=True),
+    AllreduceAlgorithm("ring", _always, _ring_allreduce),
+)
+
+
 def choose_allreduce(group: Group, nbytes: int, algorithm: str | None = None) -> str:
     """The allreduce algorithm for ``nbytes`` in ``group`` (same answer on every rank).
 
+    The first row of :data:`ALLREDUCE_TABLE` that applies.  The order of the rows is the
+    policy; each predicate states only its own condition:
+
+    1. ``mpi`` first, so that asking for it always gets it, and ``auto`` below the crossover
+       takes it before any size-blind row can;
+    2. ``ring`` for a world of one, before the shared-memory rows: nothing to share, and no
+       node state (a collective) is set up for it;
+    3. ``shm`` for ``shm`` and a large ``auto`` on one node: it stages through a shared
+       window where peers cannot read each other's memory, so it needs no fallback;
+    4. ``hierarchical`` for what remains of those (several nodes) and for ``hierarchical``
+       itself, on any layout, when cross-memory attach works;
+    5. ``ring`` last: asked for by name, or the fallback of rows 3 and 4.
+
     Collective the first time a shared-memory algorithm is considered (see ``Group.node``):
-    every rank calls it for the same collective.
+    every rank calls it for the same collective and evaluates the same rows in the same order
+    on the same inputs (size, agreed topology, configuration), so all take part in the
+    set-up and all choose the same row.
     """
-    algo = algorithm or group.config.allreduce_algorithm
-    topo = group.topology
-    if topo.size == 1:
-        return "ring" if algo != "mpi" else "mpi"  # ring of one: a fused local scaling
-    if algo == "auto":
-        if nbytes < MPI_MAX_BYTES:
-            return "mpi"
-        algo = "shm" if topo.num_nodes == 1 else "hierarchical"
-    if algo == "shm" and topo.num_nodes > 1:
-        algo = "hierarchical"
-    if algo == "hierarchical" and not group.node().cma:
-        algo = "ring"  # without cross-memory attach the node phases would need staging
-    elif algo == "shm":
+    return _choose_allreduce(group, nbytes, algorithm).name
+
+
+def _choose_allreduce(group: Group, nbytes: int, algorithm: str | None) -> AllreduceAlgorithm:
+    """As :func:`choose_allreduce`, but the row itself."""
+    requested = algorithm or group.config.allreduce_algorithm
+    chosen = next(row for row in ALLREDUCE_TABLE if row.applies(group, nbytes, requested))
+    if chosen.shared_memory:
         group.node()  # agreed once, collectively; shm then stages if it must
-    return algo
-
-
-def _run_allreduce(algo: str, dtype: str, op: ReduceOp, prescale: float,
-                   postscale: float) -> channels.Callable[[Group, np.ndarray, np.ndarray], None]:
-    def run(g: Group, send: np.ndarray, recv: np.ndarray) -> None:
-        if algo == "shm":
-            shm.allreduce(g.node(), send, recv, dtype, op, prescale, postscale)
-        elif algo == "hierarchical":
-            hierarchical.allreduce(g.node(), g.comms.cross, g.topology.is_homogeneous,
-                                   g.workspace("cross"), send, recv, dtype, op, prescale,
-                                   postscale)
-        else:
-            ring.allreduce(g.comm, send, recv, dtype, op, prescale, postscale, g.workspace())
-    return run
+    return chosen
 
 
 def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
@@ -112,19 +189,21 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
         adasum.allreduce(group, send, recv, [send.size] if counts is None else counts, dtype,
                          prescale, postscale)
         return
-    algo = choose_allreduce(group, send.nbytes, algorithm)
-    if algo == "mpi":
-        mpi.allreduce(group, send, recv, dtype, op, prescale, postscale)
+    algo = _choose_allreduce(group, send.nbytes, algorithm)
+    if not algo.channelled:
+        algo.run(group, send, recv, dtype, op, prescale, postscale)
         return
     n_streams = streams or group.config.allreduce_streams
 
     def prepare(g: Group) -> None:
-        if algo in ("shm", "hierarchical"):
+        if algo.shared_memory:
             g.node()
         cpu.warm_up([dtype])
 
-    channels.run(group, send, recv, n_streams, _run_allreduce(algo, dtype, op, prescale,
-                                                               postscale), prepare)
+    def run(g: Group, send_part: np.ndarray, recv_part: np.ndarray) -> None:
+        algo.run(g, send_part, recv_part, dtype, op, prescale, postscale)
+
+    channels.run(group, send, recv, n_streams, run, prepare)
 
 
 def _shm_node(group: Group, nbytes: int, min_bytes: int = SHM_MIN_BYTES) -> shm.Node | None:
