@@ -25,7 +25,7 @@ def _require_gpu() -> None:
         return
     if os.environ.get("MPITRAIN_TEST_REQUIRE_GPU") == "1":
         pytest.fail("MPITRAIN_TEST_REQUIRE_GPU=1 but no usable GPU: "
-                    + cuda.runtime._probe()[1])
+                    + cuda.probe._probe()[1])
     pytest.skip("needs a CUDA device (MPITRAIN_TEST_REQUIRE_GPU=1 turns this skip into a "
                 "failure)")
 

@@ -9,7 +9,7 @@ import torch
 
 from mpitrain import arrays, config
 from mpitrain.ops import cuda as ops_cuda
-from mpitrain.ops.cuda import runtime as cuda_runtime
+from mpitrain.ops.cuda import probe as cuda_probe
 from support import ROOT
 
 pytestmark = pytest.mark.skipif(ops_cuda.available(), reason="this machine has a usable GPU")
@@ -44,7 +44,7 @@ def test_require_names_the_caller_and_the_reason():
     with pytest.raises(ops_cuda.CudaUnavailableError, match="the widget needs a CUDA GPU"):
         ops_cuda.require("the widget")
     assert isinstance(ops_cuda.CudaUnavailableError("x"), RuntimeError)
-    assert cuda_runtime._probe()[1]  # a reason is recorded
+    assert cuda_probe._probe()[1]  # a reason is recorded
 
 
 def test_a_cuda_array_at_a_collective_is_a_clear_error():

@@ -5,6 +5,6 @@ Everything here imports without a GPU, cupy or a CUDA driver; what needs one cal
 The engine reaches this package only through :mod:`mpitrain.engine.device`.
 """
 
-from .runtime import CudaUnavailableError, available, require
+from .probe import CudaUnavailableError, available, require
 
 __all__ = ["CudaUnavailableError", "available", "require"]

@@ -31,7 +31,7 @@ from ..algorithms import allreduce as host_allreduce
 from ..group import Group
 from . import ipc, kernels, streams, transport
 from .pack import Packer
-from .runtime import require
+from .probe import require
 from .streams import Channel, Channels, CupyStreams
 
 _MPI_REDUCIBLE = ("float32", "float64", "int8", "uint8", "int16", "int32", "int64")

@@ -56,7 +56,7 @@ _launching: Any = threading.Lock() if _SIMULATED else contextlib.nullcontext()
 
 def _require_numba() -> Any:
     if cuda is None:
-        from .runtime import CudaUnavailableError
+        from .probe import CudaUnavailableError
         raise CudaUnavailableError("mpitrain's CUDA kernels need numba with CUDA support "
                                    "(pip install numba-cuda)")
     return cuda

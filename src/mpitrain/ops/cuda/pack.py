@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from .runtime import require
+from .probe import require
 
 CHUNK_UNITS = 4096  # copy units per chunk: 64 KiB of 16-byte vectors, several waves per block
 THREADS = 256
