@@ -21,13 +21,13 @@ here, a thread blocked waiting on one, and nothing submitted or completed in thi
 the deadlock time).  When it comes back 1, every rank is stuck in the same round and nothing
 can change any more (no rank will submit, no pending request can match): every rank fails its
 pending requests with one message that says which rank submitted which tensor, instead of
-waiting for a human.
+waiting for a human.  What is missing where, and the words of these reports, are in
+:mod:`.stalls`.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -39,6 +39,7 @@ from mpi4py import MPI
 from ..errors import MpitrainInternalError
 from .cache import ResponseCache
 from .request import Kind, Request, RequestMeta, describe_mismatch
+from .stalls import StallInspector, gather_pending
 
 # Flags carried in the OR word of the header.
 F_ANNOUNCE = 1
@@ -121,11 +122,8 @@ class Negotiator:
         self.stale: set[int] = set()
         self.table: dict[str, dict[int, RequestMeta]] = {}
         self.joined: list[int] = []  # ranks of the set, in the order they joined
-        self.stall_warn_s = stall_warn_s
-        self.stall_shutdown_s = stall_shutdown_s
-        self.stall_disabled = stall_disabled or stall_warn_s <= 0
-        self.deadlock_s = deadlock_s
-        self._last_stall_check = time.monotonic()
+        self.stalls = StallInspector(self.rank, stall_warn_s, stall_shutdown_s, stall_disabled,
+                                     deadlock_s)
         self.rounds = 0
         self.announcement_rounds = 0
 
@@ -180,15 +178,14 @@ class Negotiator:
             flags |= F_STOP
         if self.pending:
             flags |= F_PENDING
-        if self._stall_due():
+        if self.stalls.due(self.pending):
             flags |= F_STALL
         header[nwords:2 * nwords] = ~stale
         header[2 * nwords] = ~np.uint64(flags)
         header[2 * nwords + 1] = 1 if stuck and self.pending else 0
 
         req = self.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.BAND)
-        wait_for(req, self._report_slow_round, self.stall_warn_s if not self.stall_disabled
-                 else 0.0)
+        wait_for(req, self.stalls.report_slow_round, self.stalls.slow_round_after)
 
         ready_everywhere = header[:nwords]
         stale_anywhere = ~header[nwords:2 * nwords]
@@ -306,63 +303,16 @@ class Negotiator:
                 self.unannounced.append(request)
 
     # ---------------------------------------------------------------------------- stalls
-    def _stall_due(self) -> bool:
-        if self.stall_disabled or not self.pending:
-            return False
-        now = time.monotonic()
-        if now - self._last_stall_check < self.stall_warn_s:
-            return False
-        oldest = min(r.submitted_at for r in self.pending.values())
-        return now - oldest >= self.stall_warn_s
-
     def _inspect_stalls(self) -> list[Response]:
         """Tell which ranks are missing which tensors; fail them after the shutdown time."""
-        self._last_stall_check = time.monotonic()
-        lines = []
-        failed: list[Response] = []
-        for name, kind, age, _, missing in self._gather_pending():
-            if not missing or age < self.stall_warn_s:
-                continue
-            missing_world = [self.world_ranks[r] for r in missing]
-            lines.append(f"  {kind.label} '{name}' waited {age:.0f} s; "
-                         f"missing ranks: {missing_world}")
-            if self.stall_shutdown_s > 0 and age >= self.stall_shutdown_s:
-                response = self._fail_stalled(name, missing_world, age)
-                if response is not None:
-                    failed.append(response)
-        if lines and self.rank == 0:
-            sys.stderr.write(
-                "mpitrain: stall: some ranks submitted tensors that others have not for more "
-                f"than {self.stall_warn_s:.0f} s.  Different ranks may be submitting different "
-                "tensors, or only some ranks are submitting; that deadlocks.\n"
-                + "\n".join(lines) + "\n")
-            sys.stderr.flush()
+        self.stalls.last_check = time.monotonic()
+        waiting = gather_pending(self.comm, self.pending, self.size, self.joined)
+        failed = []
+        for name, missing_world, age in self.stalls.warn(waiting, self.world_ranks):
+            response = self._fail_stalled(name, missing_world, age)
+            if response is not None:
+                failed.append(response)
         return failed
-
-    def _gather_pending(self) -> list[tuple[str, Kind, float, list[int], list[int]]]:
-        """Every rank's pending requests, oldest first: (name, kind, age, have, missing).
-
-        ``have`` and ``missing`` are ranks of the set; joined ranks are never missing a
-        request other than a join (they take part in those with zeros).  Collective.
-        """
-        now = time.monotonic()
-        mine = [(name, now - r.submitted_at, int(r.kind)) for name, r in self.pending.items()]
-        have: dict[str, set[int]] = {}
-        age: dict[str, float] = {}
-        kinds: dict[str, Kind] = {}
-        for rank, items in enumerate(self.comm.allgather(mine)):
-            for name, waited, kind in items:
-                have.setdefault(name, set()).add(rank)
-                age[name] = max(age.get(name, 0.0), waited)
-                kinds[name] = _KIND_OF[kind]
-        everyone = set(range(self.size))
-        joined = set(self.joined)
-        out = []
-        for name in sorted(have, key=lambda n: (-age[n], n)):
-            excused = set() if kinds[name] == Kind.JOIN else joined
-            missing = sorted(everyone - have[name] - excused)
-            out.append((name, kinds[name], age[name], sorted(have[name]), missing))
-        return out
 
     def _break_deadlock(self) -> list[Response]:
         """Every rank is stuck (see the module docstring): fail all pending requests here.
@@ -370,18 +320,8 @@ class Negotiator:
         Runs in the same round on every rank of the set, so the table, the joined list and
         the cache hits are cleared identically everywhere.
         """
-        lines = []
-        for name, kind, age, have, missing in self._gather_pending():
-            have_world = [self.world_ranks[r] for r in have]
-            missing_world = [self.world_ranks[r] for r in missing]
-            lines.append(f"  {kind.label} '{name}' (waiting {age:.0f} s): submitted by ranks "
-                         f"{have_world}, never by ranks {missing_world}")
-        message = ("deadlock: every rank is waiting for a collective that can never run "
-                   f"(nothing was submitted or completed on any rank for {self.deadlock_s:g} s"
-                   "; MPITRAIN_DEADLOCK_TIME_SECONDS).  Pending requests:\n"
-                   + "\n".join(lines) + "\nEvery rank must submit the same collectives in "
-                   "the same order; give collectives explicit names (name=...) when the "
-                   "ranks' code paths differ.")
+        waiting = gather_pending(self.comm, self.pending, self.size, self.joined)
+        message = self.stalls.deadlock_message(waiting, self.world_ranks)
         failed = [Response(name, request.meta(), request, error=message)
                   for name, request in self.pending.items()]
         self.pending.clear()
@@ -405,13 +345,6 @@ class Negotiator:
         return Response(name, request.meta(), request,
                         error=f"'{name}' stalled for {waited:.0f} s waiting for ranks {missing}; "
                               "giving up (MPITRAIN_STALL_SHUTDOWN_TIME_SECONDS)")
-
-    def _report_slow_round(self, waited: float) -> None:
-        if self.rank == 0:
-            sys.stderr.write(f"mpitrain: stall: negotiation has waited {waited:.0f} s for other "
-                             "ranks to reach the engine; a rank may be hung or busy outside "
-                             "Python for that long.\n")
-            sys.stderr.flush()
 
 
 def _words(bits: Any, nwords: int) -> np.ndarray:
