@@ -1,0 +1,184 @@
+"""``mpitrainrun``'s command line: its options, and the environment they give every rank.
+
+Separate from :mod:`.launch`, which decides where and how the ranks start: the options are
+the user-facing contract (horovodrun's names, kept stable), and they change when a setting is
+added, while the launch plan changes when a launcher or a scheduler is.  Like the rest of
+``mpitrain.runner`` this imports nothing heavy, so ``mpitrainrun --help`` answers at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Mapping, Sequence
+
+from .. import config
+
+_NAMES = {var.field: var.name for var in config.VARIABLES}
+
+
+def _nonneg_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def _pos_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="mpitrainrun", allow_abbrev=False,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Launch an mpitrain job: builds the Open MPI, MPICH, Intel MPI or srun "
+                    "command with one process per slot, consecutive ranks on the same host, "
+                    "and the MPITRAIN_* settings below passed to every rank.",
+        epilog="examples:\n"
+               "  mpitrainrun -np 4 python train.py\n"
+               "  mpitrainrun -np 8 -H node1:4,node2:4 python train.py\n"
+               "  mpitrainrun -np 16 --hostfile hosts -npernode 8 --dry-run python train.py\n"
+               "  mpitrainrun -np 4 --mpi-args='--mca btl tcp,self' python train.py\n"
+               "  mpitrainrun --check-build\n\n"
+               "Inside a Slurm allocation (no -H/--hostfile) the job runs through srun, with\n"
+               "--mpi=pmix for Open MPI or --mpi=pmi2 for MPICH unless SLURM_MPI_TYPE or\n"
+               "--mpi-args='--mpi=...' chooses; in a\n"
+               "PBS or LSF job, on the allocation's node file.  Without any of these it runs\n"
+               "on this machine, whose slots are its cores (give -H localhost:N to run more).")
+    where = parser.add_argument_group("processes and hosts")
+    where.add_argument("-np", "--num-proc", dest="np", type=_pos_int, metavar="N",
+                       help="number of processes (ranks) to start")
+    hosts = where.add_mutually_exclusive_group()
+    hosts.add_argument("-H", "--hosts", metavar="HOST[:SLOTS],...",
+                       help="hosts and their slots, e.g. node1:4,node2:4 (a host without :SLOTS "
+                            "has 1 slot, as in horovodrun)")
+    hosts.add_argument("--hostfile", metavar="FILE",
+                       help="hostfile in Open MPI ('host slots=N'), MPICH ('host:N') or "
+                            "one-line-per-slot form (see mpitrain-hostfile)")
+    where.add_argument("-npernode", "--npernode", "--slots-per-host", dest="npernode",
+                       type=_pos_int, metavar="K",
+                       help="run K processes on each host, whatever slots the host list gives")
+    where.add_argument("--network-interface", metavar="IF",
+                       help="interface (or Open MPI subnet) for MPI traffic, e.g. eth0 or "
+                            "10.0.0.0/24")
+    where.add_argument("--launcher", choices=("auto", "mpirun", "srun"), default="auto",
+                       help="auto: srun inside a Slurm allocation, mpirun otherwise")
+    where.add_argument("--mpi", choices=("auto", "openmpi", "mpich", "intel"), default="auto",
+                       help="which MPI the launcher belongs to (auto: ask it --version)")
+    where.add_argument("--mpirun", metavar="PATH",
+                       help="the mpirun/mpiexec to use (default: the one next to this Python, "
+                            "else mpirun or mpiexec on PATH)")
+    where.add_argument("--mpi-args", default="", metavar="'ARGS'",
+                       help="extra arguments for the launcher, one quoted string; write "
+                            "--mpi-args='--oversubscribe' (with '=') when it starts with '-'")
+
+    tuning = parser.add_argument_group("mpitrain settings (passed to every rank)")
+    tuning.add_argument("--fusion-threshold-mb", type=_nonneg_float, metavar="MB",
+                        help="fused bucket size in MiB; 0 disables fusion")
+    tuning.add_argument("--cycle-time-ms", type=_nonneg_float, metavar="MS",
+                        help="milliseconds between negotiation cycles")
+    tuning.add_argument("--cache-capacity", type=_nonneg_int, metavar="N",
+                        help="negotiated requests remembered; 0 disables the cache")
+    tuning.add_argument("--streams", type=_pos_int, metavar="N",
+                        help="parallel channels a large allreduce is split across")
+    tuning.add_argument("--hierarchical-allreduce", action="store_true",
+                        help="prefer the hierarchical allreduce across nodes")
+    tuning.add_argument("--allreduce-algorithm", choices=config.ALLREDUCE_ALGORITHMS,
+                        help="force one allreduce algorithm")
+    tuning.add_argument("--timeline-filename", metavar="FILE",
+                        help="write a Chrome-trace timeline (from rank 0) to FILE")
+    tuning.add_argument("--timeline-mark-cycles", action="store_true",
+                        help="mark every negotiation cycle in the timeline")
+    tuning.add_argument("--no-stall-check", action="store_true",
+                        help="turn the stall inspector off")
+    tuning.add_argument("--stall-check-warning-time-seconds", type=_nonneg_float, metavar="S",
+                        help="warn when ranks have waited S seconds for the others")
+    tuning.add_argument("--stall-check-shutdown-time-seconds", type=_nonneg_float,
+                        metavar="S", help="end the job after S seconds of stall (0: never)")
+    tuning.add_argument("--log-level", choices=("TRACE", "DEBUG", "INFO", "WARNING", "ERROR",
+                                                "FATAL"), help="mpitrain's log level")
+    tuning.add_argument("-x", "--env", action="append", default=[], metavar="NAME[=VALUE]",
+                        help="also pass NAME=VALUE (or NAME's current value) to every rank; "
+                             "repeatable")
+
+    mode = parser.add_argument_group("what to do")
+    mode.add_argument("--dry-run", action="store_true",
+                      help="print the command that would run, run nothing")
+    mode.add_argument("--check-build", action="store_true",
+                      help="show what this installation supports (MPI library and thread "
+                           "level, CUDA, cupy, numba, CUDA-aware MPI) and exit")
+    mode.add_argument("--verbose", action="store_true",
+                      help="print the placement and the command before running it")
+    parser.add_argument("command", nargs=argparse.REMAINDER,
+                        help="the program and its arguments, e.g. python train.py --lr 0.1")
+    return parser
+
+
+def settings_from_args(args: argparse.Namespace) -> dict[str, str]:
+    """The MPITRAIN_* variables the command line asks for, in a fixed order."""
+    out: dict[str, str] = {}
+    if args.fusion_threshold_mb is not None:
+        out[_NAMES["fusion_threshold"]] = str(int(args.fusion_threshold_mb * config.MiB))
+    if args.cycle_time_ms is not None:
+        out[_NAMES["cycle_time_ms"]] = f"{args.cycle_time_ms:g}"
+    if args.cache_capacity is not None:
+        out[_NAMES["cache_capacity"]] = str(args.cache_capacity)
+    if args.streams is not None:
+        out[_NAMES["allreduce_streams"]] = str(args.streams)
+    if args.hierarchical_allreduce:
+        out[_NAMES["hierarchical_allreduce"]] = "1"
+    if args.allreduce_algorithm is not None:
+        out[_NAMES["allreduce_algorithm"]] = args.allreduce_algorithm
+    if args.timeline_filename:
+        out[_NAMES["timeline"]] = os.path.abspath(args.timeline_filename)
+    if args.timeline_mark_cycles:
+        out[_NAMES["timeline_mark_cycles"]] = "1"
+    if args.no_stall_check:
+        out[_NAMES["stall_check_disable"]] = "1"
+    if args.stall_check_warning_time_seconds is not None:
+        out[_NAMES["stall_check_time_seconds"]] = f"{args.stall_check_warning_time_seconds:g}"
+    if args.stall_check_shutdown_time_seconds is not None:
+        out[_NAMES["stall_shutdown_time_seconds"]] = \
+            f"{args.stall_check_shutdown_time_seconds:g}"
+    if args.log_level is not None:
+        out[_NAMES["log_level"]] = args.log_level
+    return out
+
+
+def user_env(items: Sequence[str],
+             environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Split ``-x`` items into NAME=VALUE settings and names forwarded with their value."""
+    settings: dict[str, str] = {}
+    names: list[str] = []
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not name or not (name[0].isalpha() or name[0] == "_") or \
+                not all(c.isalnum() or c == "_" for c in name):
+            raise ValueError(f"-x {item!r}: {name!r} is not an environment variable name")
+        if sep:
+            settings[name] = value
+        elif name in environ:
+            names.append(name)
+        else:
+            raise ValueError(f"-x {name}: {name} is not set here, so there is no value to pass")
+    return settings, names
