@@ -18,9 +18,9 @@ os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
 assert "numba.cuda" not in sys.modules, "numba.cuda was imported before the simulator was set"
 numba.config.reload_config()
 
-import fake_cupy  # noqa: E402
+import fake_cuda  # noqa: E402
 
-cupy = fake_cupy.install()
+cupy = fake_cuda.install_cupy()
 
 from mpitrain.dtypes import ReduceOp  # noqa: E402
 from mpitrain.ops import reference  # noqa: E402

@@ -1,13 +1,25 @@
-"""A fake cupy whose "device" is host memory, to run the GPU data plane end to end on a CPU.
+"""Fake CUDA for the tests that run the GPU code on a CPU; two fakes for two kinds of test.
 
-``install()`` puts ``cupy`` and ``cupyx`` modules in ``sys.modules`` before mpitrain looks for
-them.  Device pointers are real host addresses, so MPI reads "device" buffers directly (as a
-CUDA-aware MPI would), ``memcpyAsync`` is ``memmove``, and every enqueued operation runs at
-once (stream ordering is tested separately, on an adversarial fake device).  IPC memory is
-POSIX shared memory: ``ipcGetMemHandle`` gives its name and ``ipcOpenMemHandle`` maps it in
-another process, so ranks really read each other's windows.  ``RawKernel`` runs the pack
-kernel through :func:`mpitrain.ops.cuda.pack.emulate`; numba kernels run in numba's CUDA
-simulator.  Only what mpitrain calls is implemented.
+**A fake device for ordering** (:class:`FakeDevice`, tests/unit): work enqueued on a stream
+runs only when the device is stepped, stream heads are taken in an adversarial order (the
+framework's stream last, so a read before the producer's write shows, or with
+``framework_first`` first, so a use before the channels' results shows), and a wait blocks its
+stream until the event's record has run.  ``ignore_waits=True`` makes the device disregard
+waits, for the negative controls that prove a test can fail.
+
+**A fake cupy for data** (:func:`install_cupy`, tests/mpi/test_device_fake.py), whose "device"
+is host memory, to run the GPU data plane end to end.  ``install_cupy()`` puts ``cupy`` and
+``cupyx`` modules in ``sys.modules`` before mpitrain looks for them.  Device pointers are real
+host addresses, so MPI reads "device" buffers directly (as a CUDA-aware MPI would),
+``memcpyAsync`` is ``memmove``, and every enqueued operation runs at once (stream ordering is
+what the fake device above is for).  IPC memory is POSIX shared memory: ``ipcGetMemHandle``
+gives its name and ``ipcOpenMemHandle`` maps it in another process, so ranks really read each
+other's windows.  ``RawKernel`` runs the pack kernel through
+:func:`mpitrain.ops.cuda.pack.emulate`; numba kernels run in numba's CUDA simulator.  Only
+what mpitrain calls is implemented.
+
+Nothing here imports numba or mpitrain at import time: test_device_fake.py must switch numba
+to its simulator first.
 """
 
 from __future__ import annotations
@@ -15,11 +27,104 @@ from __future__ import annotations
 import ctypes
 import itertools
 import sys
+import threading
 import types
+from collections import deque
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
 
+
+# ====================================================================== the ordering device
+class FakeEvent:
+    def __init__(self):
+        self.done = False
+
+
+class FakeStream:
+    def __init__(self, name, priority):
+        self.name = name
+        self.priority = priority
+        self.queue = deque()
+
+
+class FakeDevice:
+    def __init__(self, ignore_waits=False, framework_first=False):
+        self.lock = threading.RLock()
+        self.streams = []
+        self.ignore_waits = ignore_waits
+        self.log = []  # (stream name, label) in execution order
+        self.framework = self._stream("framework", priority=1000 if framework_first else -1)
+
+    def _stream(self, name, priority):
+        with self.lock:
+            s = FakeStream(name, priority)
+            self.streams.append(s)
+            return s
+
+    # ------------------------------------------------------- StreamBackend
+    def new_stream(self):
+        return self._stream(f"channel{len(self.streams) - 1}", priority=len(self.streams))
+
+    def record(self, stream):
+        event = FakeEvent()
+        with self.lock:
+            stream.queue.append(("record", event, None))
+        return event
+
+    def wait(self, stream, event):
+        with self.lock:
+            stream.queue.append(("wait", event, None))
+
+    def synchronize(self, stream):
+        while True:
+            with self.lock:
+                if not stream.queue:
+                    return
+                if not self._step():
+                    raise AssertionError(f"deadlock: {stream.name} waits on an event never "
+                                         "recorded")
+
+    def host_wait(self, event):
+        while True:
+            with self.lock:
+                if event.done:
+                    return
+                if not self._step():
+                    raise AssertionError("deadlock: waiting for an event never recorded")
+
+    # ------------------------------------------------------------- device work
+    def launch(self, stream, label, fn):
+        with self.lock:
+            stream.queue.append(("run", fn, label))
+
+    def drain(self):
+        with self.lock:
+            while any(s.queue for s in self.streams):
+                if not self._step():
+                    raise AssertionError("deadlock among the fake streams")
+
+    def _runnable(self, stream):
+        if not stream.queue:
+            return False
+        kind, obj, _ = stream.queue[0]
+        return kind != "wait" or obj.done or self.ignore_waits
+
+    def _step(self):
+        ready = [s for s in self.streams if self._runnable(s)]
+        if not ready:
+            return False
+        stream = max(ready, key=lambda s: s.priority)
+        kind, obj, label = stream.queue.popleft()
+        if kind == "record":
+            obj.done = True
+        elif kind == "run":
+            obj()
+            self.log.append((stream.name, label))
+        return True
+
+
+# ========================================================================= the fake cupy
 _stream_ids = itertools.count(0x1000)
 _shared: dict[int, shared_memory.SharedMemory] = {}  # address -> segment (own or opened)
 
@@ -260,8 +365,8 @@ class RawKernel:
                      blocks=int(grid[0]))
 
 
-def install():
-    """Register the fakes as ``cupy``/``cupyx``; returns the cupy module."""
+def install_cupy():
+    """Register the fake as ``cupy``/``cupyx``; returns the cupy module."""
     cuda = types.SimpleNamespace(
         Stream=Stream, ExternalStream=ExternalStream, Event=Event, Memory=Memory,
         UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer, runtime=_Runtime(),
