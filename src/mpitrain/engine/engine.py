@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from .. import ops, topology
 from ..config import Config
@@ -313,7 +314,7 @@ class Engine:
         kinds = list(Kind)
         with self._cond:
             counts = np.array([state.name_counters.get(k, 0) for k in kinds], dtype=np.int64)
-        wait_for(state.negotiator.comm.Iallreduce(_mpi().IN_PLACE, counts, op=_mpi().MAX))
+        wait_for(state.negotiator.comm.Iallreduce(MPI.IN_PLACE, counts, op=MPI.MAX))
         with self._cond:
             for kind, count in zip(kinds, counts.tolist()):
                 state.name_counters[kind] = count
@@ -329,7 +330,7 @@ class Engine:
             world = self._sets[GLOBAL_SET_ID].group
             assert world is not None
             member = self.topology.rank in ranks
-            sub = world.comm.Split(0 if member else _undefined(), key=ranks.index(
+            sub = world.comm.Split(0 if member else MPI.UNDEFINED, key=ranks.index(
                 self.topology.rank) if member else 0)
             if member:
                 topo, comms = topology.build_subset(sub, self.topology, ranks)
@@ -406,13 +407,3 @@ class Engine:
             "zero_copy_buckets": state.executor.zero_copy_buckets,
             "cached": len(state.negotiator.cache),
         }
-
-
-def _mpi() -> Any:
-    from mpi4py import MPI  # importing it starts MPI: only once init() runs
-
-    return MPI
-
-
-def _undefined() -> int:
-    return int(_mpi().UNDEFINED)

@@ -37,6 +37,7 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import numpy as np
+from mpi4py import MPI
 
 from ..adasum_layout import AdasumLayoutError, check_layout
 from ..dtypes import FLOATING, STORAGE
@@ -126,7 +127,6 @@ class _MpiTransport:
         self.comm.Sendrecv(send, peer, _TAG, recv, peer, _TAG)
 
     def sum_over_block(self, distance: int, values: np.ndarray) -> None:
-        from mpi4py import MPI
         self._blocks[distance.bit_length() - 1].Allreduce(MPI.IN_PLACE, values, op=MPI.SUM)
 
     def close(self) -> None:
@@ -153,8 +153,6 @@ def _offsets(counts: Sequence[int], n: int) -> np.ndarray:
 
 
 def _hierarchical(group: Group, w: np.ndarray, tmp: np.ndarray, offsets: np.ndarray) -> None:
-    from mpi4py import MPI
-
     topo, local = group.topology, group.comms.local
     slices = balanced(w.size, topo.local_size)
     lo, hi = slices[topo.local_rank]

@@ -16,6 +16,7 @@ import sys
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 
 class _IoVec(ctypes.Structure):
@@ -73,8 +74,6 @@ def probe(comm: Any) -> bool:
     Collective over ``comm``.  Each rank publishes a marker and reads every peer's; the answer
     is the logical and over all ranks, so the whole node agrees.
     """
-    from mpi4py import MPI
-
     marker = np.full(8, comm.Get_rank() + 1, dtype=np.uint8)
     peers = comm.allgather((os.getpid(), address(marker)))
     ok = True

@@ -9,11 +9,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from ..config import Config
 from ..memory import page_aligned_empty
 from ..topology import Communicators, Topology
 from .scratch import Scratch
+from .shm import Node
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Group:
         return page_aligned_empty(nbytes)
 
     # ----------------------------------------------------------- algorithm state (lazy)
-    def node(self) -> Any:
+    def node(self) -> Node:
         """This node's shared-memory state (:class:`mpitrain.ops.shm.Node`).
 
         Collective over the group the first time (every rank calls it at the same
@@ -66,9 +68,6 @@ class Group:
         across all nodes so every rank picks the same algorithm.
         """
         if "node" not in self._state:
-            from mpi4py import MPI
-
-            from .shm import Node
             # One node: use the group's own communicator so node ranks are group ranks.
             one_node = self.topology.num_nodes == 1
             node = Node(self.comms.world if one_node else self.comms.local)

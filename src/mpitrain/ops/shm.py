@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from ..dtypes import ReduceOp
 from . import cma
@@ -69,8 +70,6 @@ class Node:
         asks for the same size).
         """
         if self._win is None or self._segments[0].nbytes < nbytes:
-            from mpi4py import MPI
-
             self.close()
             size = max(1 << 20, 1 << max(0, nbytes - 1).bit_length())
             self._win = MPI.Win.Allocate_shared(size, 1, comm=self.comm)

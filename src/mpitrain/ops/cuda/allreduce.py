@@ -24,6 +24,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
+from mpi4py import MPI
 
 from ...dtypes import STORAGE, ReduceOp
 from .. import mpi as mpi_ops
@@ -69,8 +70,8 @@ class DeviceGroup:
             device: the GPU this rank drives (default: the calling thread's current one).
         """
         self.cupy = require("allreduce of CUDA tensors")
-        import cupyx
-        from numba import cuda as numba_cuda
+        import cupyx  # optional: CPU-only installs have no cupy; require() vouched for it
+        from numba import cuda as numba_cuda  # optional (numba-cuda), like cupy
 
         self.cupyx = cupyx
         self.numba_cuda = numba_cuda
@@ -202,8 +203,6 @@ class DeviceGroup:
 
     def _cuda_aware(self, channel: Channel, comm: Any, buf: Any, dtype: str, op: ReduceOp,
                     prescale: float, postscale: float) -> None:
-        from mpi4py import MPI
-
         mpi_op = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
                   ReduceOp.PRODUCT: MPI.PROD}[op]
         if dtype == "bool":

@@ -18,10 +18,11 @@ import inspect
 from collections.abc import Callable
 from typing import Any
 
+from numba import config as numba_config
+
 
 def _simulated() -> bool:
-    from numba import config
-    return bool(getattr(config, "ENABLE_CUDASIM", False))
+    return bool(getattr(numba_config, "ENABLE_CUDASIM", False))
 
 
 def device_helper(returns: Callable[..., Any]) -> Callable[[Callable[..., Any]], Any]:
@@ -39,7 +40,7 @@ def device_helper(returns: Callable[..., Any]) -> Callable[[Callable[..., Any]],
     def decorate(fn: Callable[..., Any]) -> Any:
         if _simulated():
             return fn
-        from numba.cuda.extending import intrinsic
+        from numba.cuda.extending import intrinsic  # optional numba.cuda (numba-cuda)
 
         def typer(typingctx: Any, *args: Any) -> Any:
             result = returns(*args)

@@ -33,9 +33,11 @@ import threading
 from typing import Any
 
 import numpy as np
+from numba import types as numba_types
 
 from ...dtypes import FLOATING, STORAGE, ReduceOp
 from .helpers import device_helper
+from .probe import CudaUnavailableError
 
 cuda: Any
 try:
@@ -56,7 +58,6 @@ _launching: Any = threading.Lock() if _SIMULATED else contextlib.nullcontext()
 
 def _require_numba() -> Any:
     if cuda is None:
-        from .probe import CudaUnavailableError
         raise CudaUnavailableError("mpitrain's CUDA kernels need numba with CUDA support "
                                    "(pip install numba-cuda)")
     return cuda
@@ -75,8 +76,7 @@ def launch_shape(n: int, threads: int = THREADS, max_blocks: int = MAX_BLOCKS) -
 
 def _numba_types() -> Any:
     _require_numba()
-    from numba import types
-    return types
+    return numba_types
 
 
 def _same(a: Any, b: Any) -> Any:
@@ -94,7 +94,7 @@ def _define_helpers() -> dict[Any, Any]:
         def f32_to_bits(value: Any) -> Any:
             return np.array([value], dtype=np.float32).view(np.uint32)[0]
     else:
-        from numba.cuda import libdevice
+        from numba.cuda import libdevice  # optional numba.cuda, present: _require_numba passed
 
         def bits_to_f32(bits: Any) -> Any:
             return libdevice.int_as_float(np.int32(bits))

@@ -14,7 +14,7 @@ class CudaUnavailableError(RuntimeError):
 def _probe() -> tuple[Any, str]:
     """Import cupy and count devices once; returns (cupy or None, reason it is unusable)."""
     try:
-        import cupy
+        import cupy  # optional: this probe is what tells whether it is there
     except Exception as exc:  # noqa: BLE001 - missing or broken cupy: both mean no GPU path
         return None, (f"cupy is not importable ({type(exc).__name__}: {exc}); install the "
                       "wheel matching your CUDA, e.g. pip install cupy-cuda12x")

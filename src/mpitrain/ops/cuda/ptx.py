@@ -152,7 +152,7 @@ def to_ptx(kernel: Kernel, cc: tuple[int, int]) -> str:
     key = (function.__code__, tuple(c.cell_contents for c in function.__closure__ or ()),
            signature, cc)
     if key not in _PTX:
-        from numba import cuda
+        from numba import cuda  # optional numba.cuda (numba-cuda): only to compile a kernel
         try:
             _PTX[key] = str(cuda.compile_ptx(function, signature, cc=cc)[0])
         except Exception as exc:  # noqa: BLE001 - numba raises many types; name the kernel
@@ -165,7 +165,7 @@ _PTX: dict[tuple[Any, ...], str] = {}
 
 
 def _nvrtc_ptx(source: str, name: str, cc: tuple[int, int]) -> str:
-    from cuda.bindings import nvrtc
+    from cuda.bindings import nvrtc  # optional (cuda-python): only the pack kernel needs it
 
     def check(result: Any, what: str, log: str = "") -> None:
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
@@ -196,7 +196,7 @@ def _nvrtc_ptx(source: str, name: str, cc: tuple[int, int]) -> str:
 def ptxas() -> str | None:
     """Path of ``ptxas`` (the nvidia-cuda-nvcc wheel's, else one on PATH), or None."""
     try:
-        from cuda.pathfinder import find_nvidia_binary_utility
+        from cuda.pathfinder import find_nvidia_binary_utility  # optional: else PATH
         found = find_nvidia_binary_utility("ptxas")
     except Exception:  # noqa: BLE001 - pathfinder missing or unable: fall back to PATH
         found = None
