@@ -12,57 +12,27 @@ wakes, for the cycle time while anything is pending somewhere and for a growing 
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import threading
 import time
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import ops, topology
+from .. import topology
 from ..config import Config
 from ..errors import MpitrainInternalError
 from . import buckets
-from .executor import Executor
-from .negotiation import Negotiator, Response, wait_for
+from .negotiation import Response, wait_for
 from .request import Completion, Handle, Kind, Request
+from .set_state import SetState
 from .timeline import Timeline
 
 _IDLE_MAX_S = 0.05
 _BURST_GAP_S = 5e-5  # a submission gap this long ends a burst
 GLOBAL_SET_ID = 0
-
-
-@dataclass(eq=False)
-class SetState:
-    """One process set as the engine sees it on this rank."""
-
-    id: int
-    world_ranks: list[int]
-    member: bool
-    group: ops.Group | None = None
-    negotiator: Negotiator | None = None
-    executor: Executor | None = None
-    name_counters: dict[Kind, int] = field(default_factory=dict)
-
-    @property
-    def rank(self) -> int:
-        assert self.group is not None
-        return self.group.rank
-
-    def close(self) -> None:
-        if self.executor is not None:
-            with contextlib.suppress(Exception):  # teardown is best effort
-                self.executor.close()
-        if self.negotiator is not None:
-            with contextlib.suppress(Exception):  # teardown is best effort
-                self.negotiator.comm.Free()
-        if self.group is not None:
-            self.group.close()
 
 
 class Engine:
@@ -91,16 +61,7 @@ class Engine:
     def _add_set_state(self, set_id: int, world_ranks: list[int],
                        comms: topology.Communicators | None,
                        topo: topology.Topology | None) -> SetState:
-        member = comms is not None
-        state = SetState(set_id, world_ranks, member)
-        if comms is not None:
-            assert topo is not None
-            state.group = ops.Group(comms, topo, self.config)
-            state.negotiator = Negotiator(
-                comms.world.Dup(), world_ranks, self.config.cache_capacity,
-                self.config.stall_check_time_seconds, self.config.stall_shutdown_time_seconds,
-                self.config.stall_check_disable, self.config.deadlock_time_seconds)
-            state.executor = Executor(state.group, self.timeline, self.config.fusion_threshold)
+        state = SetState.open(set_id, world_ranks, comms, topo, self.config, self.timeline)
         with self._cond:
             self._sets[set_id] = state
             self._inflight.setdefault(set_id, set())

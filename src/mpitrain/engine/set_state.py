@@ -1,0 +1,66 @@
+"""What the engine keeps for one process set on this rank, and how it is opened and closed.
+
+Separate from :mod:`.engine`, which runs the cycles: a set's state is its own small life
+(communicator group, negotiator, executor, the counters that name unnamed requests), built the
+same way for the global set at start and for every set added later, and torn down the same
+way when a set is removed or the engine stops.  A rank outside a set keeps a state without
+any of these, so that set ids stay aligned across ranks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+
+from .. import ops, topology
+from ..config import Config
+from .executor import Executor
+from .negotiation import Negotiator
+from .request import Kind
+from .timeline import Timeline
+
+
+@dataclass(eq=False)
+class SetState:
+    """One process set as the engine sees it on this rank."""
+
+    id: int
+    world_ranks: list[int]
+    member: bool
+    group: ops.Group | None = None
+    negotiator: Negotiator | None = None
+    executor: Executor | None = None
+    name_counters: dict[Kind, int] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, set_id: int, world_ranks: list[int], comms: topology.Communicators | None,
+             topo: topology.Topology | None, config: Config, timeline: Timeline) -> SetState:
+        """The state of set ``set_id``; ``comms`` is None where this rank is not a member.
+
+        Collective over the set's members (the negotiator duplicates its communicator).
+        """
+        state = cls(set_id, world_ranks, comms is not None)
+        if comms is not None:
+            assert topo is not None
+            state.group = ops.Group(comms, topo, config)
+            state.negotiator = Negotiator(
+                comms.world.Dup(), world_ranks, config.cache_capacity,
+                config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
+                config.stall_check_disable, config.deadlock_time_seconds)
+            state.executor = Executor(state.group, timeline, config.fusion_threshold)
+        return state
+
+    @property
+    def rank(self) -> int:
+        assert self.group is not None
+        return self.group.rank
+
+    def close(self) -> None:
+        if self.executor is not None:
+            with contextlib.suppress(Exception):  # teardown is best effort
+                self.executor.close()
+        if self.negotiator is not None:
+            with contextlib.suppress(Exception):  # teardown is best effort
+                self.negotiator.comm.Free()
+        if self.group is not None:
+            self.group.close()
