@@ -40,7 +40,7 @@ def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 def _scaled_int(x: np.ndarray, factor: float) -> np.ndarray:
-    return reference._scale_int(x, factor)
+    return reference.scale_int(x, factor)
 
 
 # Open MPI's vectorised 8- and 16-bit integer sums saturate instead of wrapping; reducing

@@ -52,7 +52,8 @@ def narrow(acc: np.ndarray, dtype: str) -> np.ndarray:
     return acc.astype(STORAGE[dtype])
 
 
-def _scale_int(x: np.ndarray, factor: float) -> np.ndarray:
+def scale_int(x: np.ndarray, factor: float) -> np.ndarray:
+    """Scale integers as the data plane must: in float64, truncated toward zero."""
     if factor == 1.0:
         return x
     return np.trunc(x.astype(np.float64) * factor).astype(np.int64).astype(x.dtype)
@@ -89,10 +90,10 @@ def reduce(inputs: Sequence[np.ndarray], dtype: str, op: ReduceOp,
         return narrow(acc, dtype)
     acc_i = None
     for x in inputs:
-        w = _scale_int(np.asarray(x), prescale)
+        w = scale_int(np.asarray(x), prescale)
         acc_i = w.copy() if acc_i is None else _combine(acc_i, w, op)
     assert acc_i is not None
-    return _scale_int(acc_i, postscale)
+    return scale_int(acc_i, postscale)
 
 
 def _combine(acc: np.ndarray, x: np.ndarray, op: ReduceOp) -> np.ndarray:

@@ -303,7 +303,7 @@ def reduce_plan(count: int, dtype: str) -> list[tuple[int, int, str, str, bool]]
     return plan
 
 
-def _as_op(dtype: str, op: ReduceOp) -> ReduceOp:
+def storage_op(dtype: str, op: ReduceOp) -> ReduceOp:
     """bool reduces as uint8 0/1: or is max, and is min."""
     if dtype == "bool":
         return ReduceOp.MAX if op in (ReduceOp.SUM, ReduceOp.MAX) else ReduceOp.MIN
@@ -328,7 +328,7 @@ def reduce_buffers(inputs: list[Any], out: Any, dtype: str, op: ReduceOp, presca
     n = int(out.shape[0])
     blocks, threads = launch_shape(n, threads or THREADS, max_blocks or MAX_BLOCKS)
     kind = "uint8" if dtype == "bool" else dtype
-    op = _as_op(dtype, op)
+    op = storage_op(dtype, op)
     if dtype == "bool":
         prescale = postscale = 1.0
     if len(inputs) == 1:

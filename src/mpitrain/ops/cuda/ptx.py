@@ -87,7 +87,7 @@ def numba_kernels() -> list[Kernel]:
         kind = "uint8" if dtype == "bool" else dtype
         arr, acc_arr = storage.name, _kernels.accumulator_dtype(kind).name
         found[Kernel("scale", dtype, (kind, kind), "", (arr, arr))] = None
-        ops = dict.fromkeys(_kernels._as_op(dtype, op) for op in _REDUCE_OPS)
+        ops = dict.fromkeys(_kernels.storage_op(dtype, op) for op in _REDUCE_OPS)
         for op in ops:
             for count in (2, 3, 4):
                 for a, _b, kind_a, kind_out, last in _kernels.reduce_plan(count, kind):

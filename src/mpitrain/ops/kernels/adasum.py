@@ -24,13 +24,13 @@ import sys
 
 import numpy as np
 
-from .cpu import _jit
+from .cpu import jit
 
 # Horovod's threshold: a squared norm this small is treated as a zero vector.
 TINY_NORM_SQ = math.sqrt(sys.float_info.min)
 
 
-@_jit
+@jit
 def _dots(a, b, bounds, out):
     for t in range(bounds.size - 1):
         dot = 0.0
@@ -47,7 +47,7 @@ def _dots(a, b, bounds, out):
         out[3 * t + 2] = bb
 
 
-@_jit
+@jit
 def _combine(a, b, bounds, sums, tiny):
     for t in range(bounds.size - 1):
         dot = sums[3 * t]

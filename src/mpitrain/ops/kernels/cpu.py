@@ -53,18 +53,19 @@ def _cache_usable() -> bool:
 _CACHE = _cache_usable()
 
 
-def _jit(fn: Callable[..., Any]) -> Any:
+def jit(fn: Callable[..., Any]) -> Any:
+    """Compile ``fn`` as every CPU kernel here is: GIL released, cached on disk when usable."""
     return numba.njit(nogil=True, cache=_CACHE, fastmath=False)(fn)
 
 
 # --------------------------------------------------------------- floating accumulators
-@_jit
+@jit
 def _f_init(acc, src, pre):
     for i in range(acc.size):
         acc[i] = src[i] * pre
 
 
-@_jit
+@jit
 def _f_combine(acc, src, op, pre):
     n = acc.size
     if op == _SUM:
@@ -85,14 +86,14 @@ def _f_combine(acc, src, op, pre):
                 acc[i] = x
 
 
-@_jit
+@jit
 def _f_store(out, acc, post):
     for i in range(acc.size):
         out[i] = acc[i] * post
 
 
 # ------------------------------------------------------------------ integer accumulators
-@_jit
+@jit
 def _i_init(acc, src, pre, scaled):
     if scaled:
         for i in range(acc.size):
@@ -102,7 +103,7 @@ def _i_init(acc, src, pre, scaled):
             acc[i] = src[i]
 
 
-@_jit
+@jit
 def _i_combine(acc, src, op, pre, scaled):
     n = acc.size
     if scaled:  # rare: integer prescale; per-element conversion then the plain loops
@@ -131,7 +132,7 @@ def _i_combine(acc, src, op, pre, scaled):
             acc[i] = max(acc[i], src[i])
 
 
-@_jit
+@jit
 def _i_store(out, acc, post, scaled):
     if scaled:
         for i in range(acc.size):
@@ -142,7 +143,7 @@ def _i_store(out, acc, post, scaled):
 
 
 # ---------------------------------------------------------------------------- bfloat16
-@_jit
+@jit
 def bf16_widen(src, dst):
     """bfloat16 bits (uint16) -> float32, exact."""
     bits = dst.view(np.uint32)
@@ -150,7 +151,7 @@ def bf16_widen(src, dst):
         bits[i] = np.uint32(src[i]) << np.uint32(16)
 
 
-@_jit
+@jit
 def bf16_narrow(src, dst):
     """float32 -> bfloat16 bits, round to nearest even; NaN becomes the quiet NaN 0x7FC0."""
     bits = src.view(np.uint32)
