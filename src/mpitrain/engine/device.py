@@ -21,14 +21,15 @@ from ..dtypes import STORAGE, ReduceOp
 from ..ops import allreduce as host_allreduce
 from ..ops.cuda import available, require
 from ..ops.group import Group
+from .request import RequestMeta
 
 CPU = "cpu"
 CUDA = "cuda"
 
 
-def is_cuda(meta: tuple[Any, ...]) -> bool:
-    """Whether a negotiated request's meta says CUDA (meta[5] is the device kind)."""
-    return len(meta) > 5 and meta[5] == CUDA
+def is_cuda(meta: RequestMeta) -> bool:
+    """Whether a negotiated request runs on CUDA buffers."""
+    return bool(meta.device == CUDA)
 
 
 @functools.cache
