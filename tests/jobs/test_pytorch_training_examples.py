@@ -23,7 +23,9 @@ def _digits(np_: int, checkpoint_dir: Path, *args: str) -> str:
     return result.stdout
 
 
-@pytest.mark.parametrize("np_", [1, 2, 4])
+# One rank (and its resume) and two (and resuming an interrupted run bit for bit); four ranks
+# run the same code in the MPI suites, so the example itself runs at these two sizes in CI.
+@pytest.mark.parametrize("np_", [1, 2])
 def test_digits_learns_at_every_world_size(tmp_path, np_):
     out = _digits(np_, tmp_path)
     final = FINAL.search(out)

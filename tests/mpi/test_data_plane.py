@@ -19,7 +19,9 @@ from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import algorithms, reference, shm
 from mpitrain.ops.group import Group
 
-MPI_CONFIGS = ("np1", "np2", "np3", "np4", "2x2", "3=2+1")
+# Four ranks run as 2x2 (every algorithm, intra- and inter-node); np3 covers an odd number
+# of ranks on one node, 3=2+1 uneven nodes.
+MPI_CONFIGS = ("np1", "np2", "np3", "2x2", "3=2+1")
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

@@ -24,7 +24,7 @@ from mpi4py import MPI
 DEADLOCK_S = 2.0
 os.environ["MPITRAIN_DEADLOCK_TIME_SECONDS"] = str(DEADLOCK_S)
 
-MPI_CONFIGS = ("np2", "np3", "np4")
+MPI_CONFIGS = ("np2", "np4")  # an odd size adds no code path to join; CI time is short
 RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 
 # What the non-joined ranks may still do while some rank has joined (Horovod's rule).

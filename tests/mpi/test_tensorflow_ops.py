@@ -49,7 +49,10 @@ except ModuleNotFoundError:  # collected and skipped (a module skip would collec
     KINDS = 9  # as in tf_cases, so that collection works without TensorFlow
 
 pytestmark = pytest.mark.skipif(tf is None, reason="needs pip install 'mpitrain[tensorflow]'")
-MPI_CONFIGS = ("np2", "np3")
+# Three ranks, three TensorFlow schedulers (see above): the strongest test of ordering, and
+# the suite is heavy (TensorFlow starts on every rank), so it runs at this size only; two
+# ranks run TensorFlow in test_tensorflow.py.
+MPI_CONFIGS = ("np3",)
 WATCHDOG_S = 100.0
 SESSION_THREADS = (1, 2, 0)  # 0: the default pool
 

@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 import mpitrain as hvd
 
-MPI_CONFIGS = ("np2", "np4")
+MPI_CONFIGS = ("np2",)  # broadcast/checkpoint helpers: no size-specific path
 SIZE = MPI.COMM_WORLD.Get_size()
 RANK = MPI.COMM_WORLD.Get_rank()
 
