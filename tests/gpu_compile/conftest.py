@@ -8,8 +8,10 @@ and assembled once per compute capability.
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import sys
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -29,17 +31,30 @@ class Compiled(NamedTuple):
     spill_loads: int
 
 
-@pytest.fixture(scope="session")
-def compiled():
-    """{(kernel, cc): Compiled} for every kernel of mpitrain.ops.cuda.ptx.kernels() and CCS."""
+def compile_for(cc: tuple[int, int]) -> dict:
+    """{kernel: Compiled} for every kernel at one compute capability (one worker's share)."""
     from mpitrain.ops.cuda import ptx
 
-    by_text: dict[tuple[str, tuple[int, int]], ptx.Resources] = {}
+    by_text: dict[str, ptx.Resources] = {}
     out = {}
     for kernel in ptx.kernels():
-        for cc in ptx.CCS:
-            text = ptx.to_ptx(kernel, cc)
-            if (text, cc) not in by_text:
-                by_text[text, cc] = ptx.assemble(text, cc, kernel.name)
-            out[kernel, cc] = Compiled(text, *by_text[text, cc])
+        text = ptx.to_ptx(kernel, cc)
+        if text not in by_text:
+            by_text[text] = ptx.assemble(text, cc, kernel.name)
+        out[kernel] = Compiled(text, *by_text[text])
     return out
+
+
+@pytest.fixture(scope="session")
+def compiled():
+    """{(kernel, cc): Compiled} for every kernel of mpitrain.ops.cuda.ptx.kernels() and CCS.
+
+    One process per compute capability: compiling and assembling every kernel twice is most
+    of this suite's time (about 40 s on one core), and CI has two.
+    """
+    from mpitrain.ops.cuda import ptx
+
+    spawn = multiprocessing.get_context("spawn")  # a fresh numba-cuda in each worker
+    with ProcessPoolExecutor(len(ptx.CCS), mp_context=spawn) as pool:
+        per_cc = dict(zip(ptx.CCS, pool.map(compile_for, ptx.CCS)))
+    return {(kernel, cc): c for cc, kernels in per_cc.items() for kernel, c in kernels.items()}
