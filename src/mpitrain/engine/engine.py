@@ -47,6 +47,9 @@ class Engine:
         self._cond = threading.Condition(threading.Lock())
         self._inbox: list[Request] = []
         self._inflight: dict[int, set[str]] = {}
+        # The requests the executor is running now: neither queued nor pending any more, so
+        # when the data plane raises (a CUDA error, say) they are failed from here.
+        self._executing: list[Request] = []
         self._stopping = False
         self._stopped = False
         self._stop_reason = ""
@@ -257,7 +260,9 @@ class Engine:
             else:
                 data.append(resp)
         if data:
+            self._executing = [resp.request for resp in data if resp.request is not None]
             state.executor.run(data)
+            self._executing = []
             for resp in data:
                 state.negotiator.remember(resp)
         self._complete(state, done + data)
@@ -347,8 +352,8 @@ class Engine:
         with self._cond:
             self._stopped = True
             self._stop_reason = message
-            leftovers = self._inbox
-            self._inbox = []
+            leftovers = self._inbox + self._executing
+            self._inbox, self._executing = [], []
         for state in list(self._sets.values()):
             if state.negotiator is not None:
                 leftovers.extend(state.negotiator.drop_all())
