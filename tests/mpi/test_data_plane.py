@@ -95,6 +95,38 @@ def test_allreduce_matrix(group, algorithm, in_place):
                     assert same_everywhere(group, recv), what
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_ring_carries_16_bit_values_bit_for_bit(group, dtype):
+    # The ring sends float16/bfloat16 as they are (half the bytes of float32) and rounds once
+    # per hop; ring.reference_16bit is that arithmetic in numpy, to the bit, on every rank.
+    from mpitrain.ops import ring
+    for op in OPS:
+        for pre, post in [(1.0, 1.0), (0.5, 3.0)]:
+            for n in [1, 7, 1009, 300_007]:
+                if n > 2000 and op != ReduceOp.SUM:
+                    continue
+                send = values(RANK, n, dtype, op)
+                recv = np.empty_like(send)
+                algorithms.allreduce(group, send, recv, dtype, op, pre, post, algorithm="ring")
+                want = ring.reference_16bit([values(r, n, dtype, op) for r in range(SIZE)],
+                                            dtype, op, pre, post)
+                what = f"ring {dtype} {op.name} n={n} pre={pre} post={post}"
+                np.testing.assert_array_equal(recv.view(np.uint16), want.view(np.uint16), what)
+
+
+def test_16_bit_ring_reference_differs_from_exact_accumulation():
+    # A negative control for the test above: with enough ranks to round more than once, the
+    # 16-bit ring is not the float32-accumulating reference (so the test can tell them apart).
+    from mpitrain.ops import ring
+    gen = np.random.default_rng(5)
+    inputs = [gen.normal(size=4096).astype(np.float16) for _ in range(4)]
+    exact = reference.reduce(inputs, "float16", ReduceOp.SUM)
+    hops = ring.reference_16bit(inputs, "float16", ReduceOp.SUM)
+    assert not np.array_equal(exact, hops)
+    np.testing.assert_allclose(hops.astype(np.float32), exact.astype(np.float32),
+                               rtol=4e-3, atol=4e-3)
+
+
 @pytest.mark.parametrize("streams", [2, 3])
 def test_channels_split_large_buckets(group, streams):
     n = (3 << 20) // 4 + 5  # three channel parts of at least 1 MiB, not evenly divisible

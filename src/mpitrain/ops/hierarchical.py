@@ -19,8 +19,9 @@ allreduce among leaders, intra-node broadcast.  Correct on any layout, slower th
 
 The prescale is applied while reducing inside the node and the postscale once, by the
 cross-node ring, so both are fused into passes that happen anyway.  The node partial sums are
-stored in the element type itself: for float16/bfloat16 that rounds once more than the flat
-algorithms (a difference of one rounding of a partial sum).
+stored in the element type itself, and the cross-node ring carries float16/bfloat16 as 16-bit
+values rounded once per hop (see :mod:`mpitrain.ops.ring`): half the bytes on the network,
+at the price of those roundings.
 
 Every rank of the group must call this, in the same order.
 """

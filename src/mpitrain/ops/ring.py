@@ -10,8 +10,13 @@ then copied, so every rank ends with the same bits.
 
 Traffic per rank: 2·(p-1)/p·S bytes sent and received, the bandwidth-optimal amount for
 ranks that do not share memory; used across nodes and by the hierarchical allreduce.
-float16/bfloat16 travel widened to float32 so sums accumulate in float32 as the reference
-says; the prescale is fused into that widening (or into a first copy when not in place).
+
+float16/bfloat16 travel as 16-bit values, as the user chose them (``Compression.fp16``
+halves the bytes on the wire): every hop widens what arrives and its own chunk to float32,
+combines them there and rounds once to 16 bits before forwarding, NCCL's behaviour.  So a
+chunk is rounded p-1 times along its path instead of once; :func:`reference_16bit` is that
+arithmetic in numpy, which the tests hold the ring to bit for bit.  The shared-memory
+algorithm inside a node, where bytes cost no network, keeps the exact float32 accumulation.
 
 Every rank of ``comm`` must call this, in the same order.
 """
@@ -24,12 +29,14 @@ import numpy as np
 from mpi4py import MPI
 
 from ..dtypes import ReduceOp
+from . import reference
 from .kernels import cpu
 from .mpi import same_memory
 from .scratch import Scratch
 from .slices import balanced
 
 _TAG = 0x5249  # "RI"; the group's communicator carries nothing else concurrently
+_SIXTEEN_BIT = ("float16", "bfloat16")
 
 
 def _segments(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
@@ -46,9 +53,9 @@ def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: floa
     biggest = chunks[0][1] - chunks[0][0]
     incoming = ws.get("in", biggest, work.dtype)
     acc = ws.get("acc", min(step, biggest), cpu.acc_dtype(dtype))
-    # The workspace is in the accumulation type: reduce it as that type (float16 and
-    # bfloat16 arrive here widened to float32).
-    kind = "float32" if dtype in ("float16", "bfloat16") else dtype
+    # 16-bit segments are widened to float32 here, one at a time.
+    tmp = (ws.get("tmp", min(step, biggest), np.dtype(np.float32))
+           if dtype in _SIXTEEN_BIT else None)
     for k in range(p - 1):
         send_lo, send_hi = chunks[(r - k) % p]
         recv_lo, recv_hi = chunks[(r - k - 1) % p]
@@ -61,8 +68,8 @@ def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: floa
         for i, (s, e) in enumerate(segs):
             rreqs[i].Wait()
             got = incoming[s - recv_lo:e - recv_lo]
-            cpu.reduce_chunks(work[s:e], [got, work[s:e]], kind, op, 1.0,
-                              postscale if last else 1.0, acc)
+            cpu.reduce_chunks(work[s:e], [got, work[s:e]], dtype, op, 1.0,
+                              postscale if last else 1.0, acc, tmp)
         MPI.Request.Waitall(sreqs)
     for k in range(p - 1):
         send_lo, send_hi = chunks[(r + 1 - k) % p]
@@ -81,19 +88,37 @@ def allreduce(comm: Any, send: np.ndarray, recv: np.ndarray, dtype: str, op: Red
     if p == 1:
         local_reduce(send, recv, dtype, op, prescale, postscale, ws)
         return
-    widened = dtype in ("float16", "bfloat16")
-    if widened:
-        work = ws.get("wide", n, np.dtype(np.float32))
-        _convert(send, work, dtype, prescale, ws, widen=True)
-    else:
-        work = recv
-        if prescale != 1.0 and dtype != "bool":
-            _convert(send, work, dtype, prescale, ws, widen=False)
-        elif n and not same_memory(send, recv):
-            np.copyto(recv, send)
-    _ring(comm, work, dtype, op, postscale, ws)
-    if widened:
-        _convert(work, recv, dtype, 1.0, ws, widen=False, narrow=True)
+    if prescale != 1.0 and dtype != "bool":
+        _scale(send, recv, dtype, prescale, ws)
+    elif n and not same_memory(send, recv):
+        np.copyto(recv, send)
+    _ring(comm, recv, dtype, op, postscale, ws)
+
+
+def reference_16bit(inputs: list[np.ndarray], dtype: str, op: ReduceOp, prescale: float = 1.0,
+                    postscale: float = 1.0) -> np.ndarray:
+    """What :func:`allreduce` computes for float16/bfloat16 inputs (one per rank), in numpy.
+
+    Chunk c (of :func:`balanced` cuts) starts at rank c, prescaled and rounded; each later
+    rank on the ring folds in its own chunk in float32 and rounds to 16 bits; the last one
+    also applies the postscale before rounding.
+    """
+    if dtype not in _SIXTEEN_BIT:
+        raise ValueError(f"reference_16bit models float16/bfloat16, not {dtype!r}")
+    p = len(inputs)
+    if p == 1:
+        return reference.reduce(inputs, dtype, op, prescale, postscale)
+    scaled = [reference.reduce([x], dtype, ReduceOp.SUM, prescale) if prescale != 1.0 else x
+              for x in inputs]
+    out = np.empty_like(inputs[0])
+    for c, (lo, hi) in enumerate(balanced(inputs[0].size, p)):
+        acc = scaled[c][lo:hi]
+        for i in range(1, p):
+            last = i == p - 1
+            acc = reference.reduce([acc, scaled[(c + i) % p][lo:hi]], dtype, op, 1.0,
+                                   postscale if last else 1.0)
+        out[lo:hi] = acc
+    return out
 
 
 def local_reduce(send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
@@ -108,18 +133,12 @@ def local_reduce(send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
         cpu.reduce_chunks(recv[s:e], [send[s:e]], dtype, op, prescale, postscale, acc, tmp)
 
 
-def _convert(src: np.ndarray, dst: np.ndarray, dtype: str, factor: float, ws: Scratch,
-             widen: bool, narrow: bool = False) -> None:
-    """Chunk-wise ``dst = factor * src`` with type change for float16/bfloat16 if asked."""
+def _scale(src: np.ndarray, dst: np.ndarray, dtype: str, factor: float, ws: Scratch) -> None:
+    """Chunk-wise ``dst = factor * src`` (one rounding for float16/bfloat16)."""
     step = max(1, cpu.CHUNK_BYTES // 4)
     n = src.size
     acc = ws.get("cacc", min(step, n), cpu.acc_dtype(dtype))
     tmp = ws.get("ctmp", min(step, n), np.dtype(np.float32))
     for s in range(0, n, step):
         e = min(s + step, n)
-        if widen:
-            cpu.widen_into(dst[s:e], src[s:e], dtype, factor)
-        elif narrow:
-            cpu.narrow_into(dst[s:e], src[s:e], dtype)
-        else:
-            cpu.scale_into(dst[s:e], src[s:e], dtype, factor, acc, tmp)
+        cpu.scale_into(dst[s:e], src[s:e], dtype, factor, acc, tmp)
