@@ -15,10 +15,16 @@ Run as root from a checkout with its .venv::
     .venv/bin/python benchmarks/netns_allreduce.py --rate 10gbit --sizes-mib 1 16 64
     .venv/bin/python benchmarks/netns_allreduce.py --no-shape --hosts 2 --slots 2
 
+``--fp16`` adds each contender on float16 tensors of the same element count (half the bytes),
+as ``Compression.fp16`` sends gradients; their "vs MPI" compares with MPI's float32 Allreduce
+of the same elements, what a user who turns compression on gains.
+
 Output: per size, the median time of each contender, its algbw and busbw (nccl-tests: algbw
 = S/t, busbw = algbw * 2(p-1)/p) and its time relative to MPI's; then, per size, which of ring
 and hierarchical was faster and how close ``auto`` came to it (``auto`` leaves messages below
-its measured crossover to MPI's own allreduce; see ``mpitrain.ops.algorithms``).
+its measured crossover to MPI's own allreduce, and from there, across nodes, times MPI's own,
+hierarchical and ring on its first calls of each size and keeps the fastest; the benchmark
+warms ``auto`` up past those trials; see ``mpitrain.ops.calibration``).
 ``tbf`` limits rate; ``netem`` (added delay) is not available on our machines, so the latency
 argument is tbf's queueing bound, not a fixed delay.
 """
@@ -49,18 +55,21 @@ def _timed(fn, iters: int, barrier) -> list[float]:
     return times
 
 
-def worker(sizes_mib: list[float], rounds: int, iters: int) -> int:
+def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool) -> int:
     """Runs on every rank: the measurement itself; rank 0 prints one JSON line."""
     import numpy as np
     import torch
     from mpi4py import MPI
 
     import mpitrain as hvd
+    from mpitrain.ops.calibration import TRIALS
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
     results: dict[str, dict[str, list[float]]] = {}
     buffers = {s: torch.ones(int(s * MiB) // 4, dtype=torch.float32) for s in sizes_mib}
+    halves = {s: b.to(torch.float16) for s, b in buffers.items()}
+    contenders = [*CONTENDERS, *(f"{c}-fp16" for c in CONTENDERS if fp16)]
 
     def record(name: str, s: float, times: list[float]) -> None:
         slowest = world.allreduce(max(times), op=MPI.MAX)  # a collective ends at its slowest
@@ -93,17 +102,22 @@ def worker(sizes_mib: list[float], rounds: int, iters: int) -> int:
             record("mpi", s, _timed(lambda b=buf, o=out: world.Allreduce(b.numpy(), o), iters,
                                     world.Barrier))
         # Rotate who goes first each round so that order effects fall on everyone alike.
-        for name in CONTENDERS[round_ % 3:] + CONTENDERS[:round_ % 3]:
-            os.environ["MPITRAIN_ALLREDUCE_ALGORITHM"] = name
+        turn = round_ % len(contenders)
+        for name in contenders[turn:] + contenders[:turn]:
+            os.environ["MPITRAIN_ALLREDUCE_ALGORITHM"] = name.removesuffix("-fp16")
             hvd.init()
-            for s, buf in buffers.items():
-                hvd.allreduce(buf, op=hvd.Sum, name=f"warm.{s}")
+            for s in buffers:
+                buf = halves[s] if name.endswith("-fp16") else buffers[s]
+                # auto first times each contender on its first calls of a size (across
+                # nodes, mpitrain.ops.calibration): warm up past that, as training does.
+                for _ in range(1 + 3 * TRIALS if name.startswith("auto") else 1):
+                    hvd.allreduce(buf, op=hvd.Sum, name=f"warm.{s}")
                 record(name, s, _timed(lambda b=buf, s_=s: hvd.allreduce(
                     b, op=hvd.Sum, name=f"bench.{s_}"), iters, hvd.barrier))
             hvd.shutdown()
     if rank == 0:
         print("BENCH " + json.dumps({"size": size, "local_size": local, "link_Bps": link,
-                                     "results": results}), flush=True)
+                                     "contenders": contenders, "results": results}), flush=True)
     return 0
 
 
@@ -115,7 +129,7 @@ def report(data: dict, shaped: dict[str, str]) -> str:
     if data["link_Bps"]:
         lines.append(f"measured host-to-host link: {data['link_Bps'] / 1e6:.0f} MB/s")
     results = data["results"]
-    names = ["mpi", *CONTENDERS]
+    names = ["mpi", *data.get("contenders", CONTENDERS)]
     lines.append(f"{'size':>9} {'contender':>13} {'median ms':>10} {'algbw GB/s':>11} "
                  f"{'busbw GB/s':>11} {'vs MPI':>7}")
     verdicts = []
@@ -123,6 +137,7 @@ def report(data: dict, shaped: dict[str, str]) -> str:
         nbytes = float(s) * MiB
         medians = {n: statistics.median(results[n][s]) for n in names}
         for n in names:
+            # algbw in the float32 bytes the user reduces, so fp16 rows show the gain.
             algbw = nbytes / medians[n] / 1e9
             lines.append(f"{float(s):>6g}MiB {n:>13} {medians[n] * 1e3:>10.1f} {algbw:>11.3f} "
                          f"{algbw * 2 * (p - 1) / p:>11.3f} "
@@ -132,6 +147,10 @@ def report(data: dict, shaped: dict[str, str]) -> str:
         verdicts.append(f"{float(s):g} MiB: {best} is {medians[other] / medians[best]:.2f}x "
                         f"faster than {other}; auto takes {medians['auto'] / medians[best]:.2f}x "
                         f"the time of {best}")
+        if "auto-fp16" in medians:
+            verdicts.append(f"{float(s):g} MiB: auto on float16 is "
+                            f"{medians['mpi'] / medians['auto-fp16']:.2f}x MPI's float32 and "
+                            f"{medians['auto'] / medians['auto-fp16']:.2f}x auto on float32")
     return "\n".join(lines + ["", *verdicts])
 
 
@@ -151,10 +170,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-shape", action="store_true", help="leave the links unshaped")
     parser.add_argument("--name", default="mtbench", help="cluster name")
     parser.add_argument("--json", help="also write the raw measurements here")
+    parser.add_argument("--fp16", action="store_true",
+                        help="also every contender on float16 tensors of the same length")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.sizes_mib, args.rounds, args.iters)
+        return worker(args.sizes_mib, args.rounds, args.iters, args.fp16)
 
     sys.path.insert(0, str(ROOT / "tools"))
     from netns_cluster import Cluster, launch_env, missing_requirements
@@ -168,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             cluster.shape(args.rate, args.burst, args.latency)
         command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rounds",
                    str(args.rounds), "--iters", str(args.iters), "--sizes-mib",
-                   *map(str, args.sizes_mib)]
+                   *map(str, args.sizes_mib), *(["--fp16"] if args.fp16 else [])]
         result = subprocess.run(cluster.launch_argv(args.hosts * args.slots, command),
                                 env=launch_env(), capture_output=True, text=True, timeout=3600)
         shaped = dict(cluster.shaped)

@@ -106,6 +106,7 @@ class Config:
     stall_shutdown_time_seconds: float = 0.0
     deadlock_time_seconds: float = 10.0
     allreduce_algorithm: str = "auto"
+    allreduce_calibrate: bool = True
     hierarchical_allreduce: bool = False
     adasum_hierarchical: bool = False
     allreduce_streams: int = 1
@@ -145,6 +146,9 @@ VARIABLES: tuple[Variable, ...] = (
              "with nothing submitted or completed anywhere (a deadlock); 0 never."),
     Variable("allreduce_algorithm", "MPITRAIN_ALLREDUCE_ALGORITHM", _parse_algorithm,
              "auto|shm|ring|hierarchical|mpi: force one allreduce algorithm."),
+    Variable("allreduce_calibrate", "MPITRAIN_ALLREDUCE_CALIBRATE", _parse_bool,
+             "Across nodes, auto times mpi/hierarchical/ring on the first large allreduces of "
+             "each size and keeps the fastest (the link decides); 0: the fixed size table."),
     Variable("hierarchical_allreduce", "MPITRAIN_HIERARCHICAL_ALLREDUCE", _parse_bool,
              "Prefer the hierarchical allreduce across nodes (same as algorithm=hierarchical).",
              ("HOROVOD_HIERARCHICAL_ALLREDUCE",)),

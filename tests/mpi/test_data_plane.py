@@ -189,6 +189,32 @@ def test_reducescatter(group, dtype, n):
         check(recv, full[lo:lo + counts[RANK]], dtype, f"reducescatter {path} {dtype} n={n}")
 
 
+def test_auto_calibrates_across_nodes_and_agrees(group):
+    # Across nodes, auto's first large allreduces of a size class are trials of each
+    # contender (every one a correct allreduce); then all ranks keep the same one.
+    from mpitrain.ops.calibration import TRIALS
+    n = (8 << 20) // 4 + 3
+    send = values(RANK, n, "float32", ReduceOp.SUM)
+    want = reference.reduce([values(r, n, "float32", ReduceOp.SUM) for r in range(SIZE)],
+                            "float32", ReduceOp.SUM)
+    calls = 3 * TRIALS + 2
+    for i in range(calls):
+        recv = np.empty_like(send)
+        algorithms.allreduce(group, send, recv, "float32", ReduceOp.SUM, algorithm="auto")
+        check(recv, want, "float32", f"auto allreduce {i}")
+        assert same_everywhere(group, recv)
+    calibration = group.memo("calibration", lambda: None)
+    if group.topology.num_nodes == 1:
+        assert calibration is None  # one node keeps the measured table (shm)
+        return
+    decided = calibration.choice(send.nbytes)
+    assert decided in calibration.contenders
+    assert len(set(WORLD.allgather(decided))) == 1
+    trials = calibration.trials[calibration.size_class(send.nbytes)]
+    assert len(trials) == TRIALS * len(calibration.contenders)
+    assert len(set(WORLD.allgather(tuple(trials)))) == 1  # the same agreed times everywhere
+
+
 def test_auto_picks_by_size_and_layout(group):
     small = algorithms.choose_allreduce(group, 8, "auto")
     large = algorithms.choose_allreduce(group, 64 << 20, "auto")

@@ -11,6 +11,11 @@ Allreduce (``MPITRAIN_ALLREDUCE_ALGORITHM``, default ``auto``) is chosen from
 * several nodes: ``hierarchical`` (shared memory inside, a ring per local rank across);
 * otherwise ``ring``.
 
+Across nodes the link decides more than the size: there ``auto`` (from :data:`MPI_MAX_BYTES`
+up) runs MPI's own, the table's choice and the ring in turn on the first allreduces of each
+size class and keeps the fastest, agreed on every rank (:mod:`.calibration`;
+``MPITRAIN_ALLREDUCE_CALIBRATE=0`` keeps the table).
+
 The crossover sizes are measured by ``benchmarks/allreduce.py`` on the 2-core development
 machine (the table is in the README).  A forced algorithm that cannot run on this layout
 falls back to the nearest one that can (``shm`` across nodes becomes ``hierarchical``;
@@ -31,6 +36,7 @@ import numpy as np
 
 from ..dtypes import ReduceOp
 from . import adasum, channels, hierarchical, mpi, ring, shm
+from .calibration import Calibration
 from .group import Group
 from .kernels import cpu
 from .mpi import allgather_int, alltoall, alltoall_int, barrier
@@ -190,6 +196,42 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
                          prescale, postscale)
         return
     algo = _choose_allreduce(group, send.nbytes, algorithm)
+    calibration = _calibration(group, send.nbytes, algorithm, algo)
+    if calibration is not None:
+        decided = calibration.choice(send.nbytes)
+        if decided is None:
+            trial = _ROWS[calibration.next_trial(send.nbytes)]
+            calibration.run_trial(group.comm, send.nbytes, trial.name, lambda: _run_row(
+                group, trial, send, recv, dtype, op, prescale, postscale, streams))
+            return
+        algo = _ROWS[decided]
+    _run_row(group, algo, send, recv, dtype, op, prescale, postscale, streams)
+
+
+# One row per name (both "ring" rows run the same body).
+_ROWS = {row.name: row for row in ALLREDUCE_TABLE}
+
+
+def _calibration(group: Group, nbytes: int, algorithm: str | None,
+                 chosen: AllreduceAlgorithm) -> Calibration | None:
+    """The group's calibration when ``auto`` picks across nodes for this size, else None.
+
+    The same answer on every rank: it depends on the request, the agreed topology and
+    configuration, and the table's (agreed) choice.
+    """
+    requested = algorithm or group.config.allreduce_algorithm
+    if (requested != "auto" or not group.config.allreduce_calibrate
+            or group.topology.num_nodes == 1 or chosen.name == "mpi"):
+        return None
+    contenders = tuple(dict.fromkeys(("mpi", chosen.name, "ring")))
+    calibration: Calibration = group.memo("calibration", lambda: Calibration(contenders))
+    return calibration
+
+
+def _run_row(group: Group, algo: AllreduceAlgorithm, send: np.ndarray, recv: np.ndarray,
+             dtype: str, op: ReduceOp, prescale: float, postscale: float,
+             streams: int | None) -> None:
+    """Run one algorithm, across parallel channels where it is channelled."""
     if not algo.channelled:
         algo.run(group, send, recv, dtype, op, prescale, postscale)
         return

@@ -1,0 +1,74 @@
+"""``auto`` across nodes: try the contenders on the first real buckets, keep the fastest.
+
+Across nodes the best allreduce depends on the link, which no size table can know: on the
+2x2 namespace cluster MPI's own Allreduce wins on a 1 Gbit/s link (it reaches the link's
+limit, our hierarchical allreduce about 60% of it), hierarchical wins 3x on an unshaped one,
+and with one rank per host our ring wins on the same 1 Gbit/s link.  So for each size class
+(powers of two) the first ``2 x len(contenders)`` large allreduces each run one contender in
+turn, on the real data (every trial is a correct allreduce); each trial's time is the slowest
+rank's, agreed with one small MAX-allreduce; then the contender with the smallest trial time
+is kept for that class.  Every rank sees the same agreed times, makes the same choice and
+runs the same algorithm: no disagreement, no hang.
+
+Used only where ``auto`` would otherwise pick by table across several nodes (from
+``MPI_MAX_BYTES`` up); one node keeps the measured table, where shared memory wins by 2-3x.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpi4py import MPI
+
+TRIALS = 2  # per contender and size class; the minimum of them counts (robust to a spike)
+
+
+@dataclass
+class Calibration:
+    """The trials and decisions of one group (one process set's data plane)."""
+
+    contenders: tuple[str, ...]
+    clock: Callable[[], float] = time.perf_counter
+    trials: dict[int, list[tuple[str, float]]] = field(default_factory=dict)
+    decided: dict[int, str] = field(default_factory=dict)
+
+    @staticmethod
+    def size_class(nbytes: int) -> int:
+        """Sizes in [2^(k-1), 2^k) share class k."""
+        return int(nbytes).bit_length()
+
+    def choice(self, nbytes: int) -> str | None:
+        """The decided algorithm for this size, or None while it is still being measured."""
+        return self.decided.get(self.size_class(nbytes))
+
+    def next_trial(self, nbytes: int) -> str:
+        """The contender the next allreduce of this size class runs (round robin)."""
+        done = len(self.trials.get(self.size_class(nbytes), []))
+        return self.contenders[done % len(self.contenders)]
+
+    def run_trial(self, comm: Any, nbytes: int, name: str, allreduce: Callable[[], None]) -> None:
+        """Run ``allreduce`` (the contender ``name``) timed; collective over ``comm``.
+
+        The time recorded is the slowest rank's (a collective ends when its last rank does),
+        so every rank records the same number and later decides the same way.
+        """
+        start = self.clock()
+        allreduce()
+        elapsed = self.clock() - start
+        slowest = float(comm.allreduce(elapsed, op=MPI.MAX))
+        key = self.size_class(nbytes)
+        trials = self.trials.setdefault(key, [])
+        trials.append((name, slowest))
+        if len(trials) >= TRIALS * len(self.contenders):
+            best = {c: min(t for n, t in trials if n == c) for c in self.contenders}
+            # Ties go to the earlier contender: the same on every rank.
+            self.decided[key] = min(self.contenders, key=lambda c: (best[c],
+                                                                    self.contenders.index(c)))
+
+    def summary(self) -> dict[int, dict[str, Any]]:
+        """Per size class: the trial times (seconds, slowest rank) and the decision."""
+        return {key: {"trials": list(trials), "decided": self.decided.get(key)}
+                for key, trials in sorted(self.trials.items())}

@@ -1,0 +1,70 @@
+"""auto's calibration across nodes: the fastest contender wins, the same way on every rank."""
+
+import pytest
+
+from mpitrain.ops.calibration import TRIALS, Calibration
+
+
+class SlowestRankComm:
+    """Stands in for a communicator whose MAX-allreduce returns the slowest rank's time."""
+
+    def __init__(self, slowest_elsewhere: float = 0.0) -> None:
+        self.slowest_elsewhere = slowest_elsewhere
+
+    def allreduce(self, value, op=None):
+        return max(value, self.slowest_elsewhere)
+
+
+def calibrate(costs: dict[str, list[float]], comm=None) -> Calibration:
+    """Run trials whose duration is the next cost listed for that contender."""
+    now = [0.0]
+    calibration = Calibration(tuple(costs), clock=lambda: now[0])
+    remaining = {name: list(times) for name, times in costs.items()}
+    comm = comm or SlowestRankComm()
+    nbytes = 32 << 20
+    while calibration.choice(nbytes) is None:
+        name = calibration.next_trial(nbytes)
+
+        def advance(name=name):
+            now[0] += remaining[name].pop(0)
+
+        calibration.run_trial(comm, nbytes, name, advance)
+    return calibration
+
+
+@pytest.mark.parametrize("fastest", ["mpi", "hierarchical", "ring"])
+def test_the_fastest_contender_is_kept(fastest):
+    costs = {name: [0.3, 0.3] for name in ("mpi", "hierarchical", "ring")}
+    costs[fastest] = [0.2, 0.25]
+    assert calibrate(costs).choice(32 << 20) == fastest
+
+
+def test_a_spike_in_one_trial_does_not_decide():
+    # The minimum of a contender's trials counts: one slow trial (another job's burst)
+    # does not rule the faster algorithm out.
+    costs = {"mpi": [0.28, 0.29], "hierarchical": [0.9, 0.2], "ring": [0.5, 0.5]}
+    assert calibrate(costs).choice(32 << 20) == "hierarchical"
+
+
+def test_every_contender_runs_the_same_number_of_trials_round_robin():
+    costs = {name: [0.125] * TRIALS for name in ("mpi", "ring")}  # exact in binary
+    calibration = calibrate(costs)
+    names = [name for name, _ in calibration.trials[Calibration.size_class(32 << 20)]]
+    assert names == ["mpi", "ring"] * TRIALS
+    assert calibration.choice(32 << 20) == "mpi"  # a tie goes to the earlier contender
+
+
+def test_the_slowest_rank_time_is_what_counts():
+    # Locally ring looks faster, but some other rank took 1 s in every trial of each: the
+    # agreed (MAX) times tie and the earlier contender is kept, as on every other rank.
+    comm = SlowestRankComm(slowest_elsewhere=1.0)
+    calibration = calibrate({"mpi": [0.3, 0.3], "ring": [0.1, 0.1]}, comm)
+    assert calibration.choice(32 << 20) == "mpi"
+    assert all(t == 1.0 for _, t in calibration.trials[Calibration.size_class(32 << 20)])
+
+
+def test_size_classes_are_calibrated_separately():
+    calibration = calibrate({"mpi": [0.1, 0.1], "ring": [0.2, 0.2]})
+    assert calibration.choice(32 << 20) == "mpi"
+    assert calibration.choice(40 << 20) == "mpi"  # the same power-of-two class
+    assert calibration.choice(64 << 20) is None  # the next class is not measured yet
