@@ -217,8 +217,8 @@ class TorchDDPJob:
         """Nothing to check: this path writes no checkpoints."""
 
     def describe(self, args: argparse.Namespace) -> str:
-        return (f"torch DistributedDataParallel over {self.backend}, compression "
-                f"{args.compression}")
+        name = {"gloo": "Gloo", "nccl": "NCCL"}[self.backend]
+        return f"torch DistributedDataParallel over {name}, compression {args.compression}"
 
     def distribute(self, args: argparse.Namespace, net: nn.Module,
                    optimizer: torch.optim.Optimizer, dataset: Any) -> tuple[Any, Any, Any]:

@@ -54,3 +54,11 @@ flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 digest = hashlib.sha1(flat.numpy().tobytes()).hexdigest()[:16]
 print(f"RESULT rank={args.process_index} world={args.world_size} "
       f"sum={flat.double().sum().item():.9f} sha={digest}", flush=True)
+if route == "gloo":
+    # Trainer leaves its Gloo group to the interpreter's exit, where Gloo's threads can race
+    # the teardown ("terminate called without an active exception", seen under load): join
+    # them first.  This is the reference route; mpitrain's routes end through mpitrain.
+    import torch.distributed as dist
+
+    dist.barrier()
+    dist.destroy_process_group()
