@@ -8,7 +8,8 @@ import pytest
 from support import ROOT, run_job, run_python
 
 
-@pytest.mark.parametrize("np_", [2, 4])
+# Two ranks: the mechanism; four ranks failing together are test_ranks_failing_alike_... below.
+@pytest.mark.parametrize("np_", [2])
 def test_uncaught_exception_on_one_rank_aborts_the_job(np_):
     code = (
         "import time, mpitrain as hvd, torch\n"

@@ -28,7 +28,7 @@ RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 DTYPES = list(STORAGE)
 OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
 # 0, 1, primes, lengths not divisible by 2, 3 or 4, and one that spans many kernel chunks.
-LENGTHS = [0, 1, 7, 131, 1009, 300_007]
+LENGTHS = [0, 1, 7, 1009, 300_007]
 IN_PLACE_LENGTHS = [0, 7, 1009]  # in place the same code runs with aliased buffers
 ALGORITHMS = ["mpi", "shm", "ring", "hierarchical"]
 
@@ -102,7 +102,7 @@ def test_ring_carries_16_bit_values_bit_for_bit(group, dtype):
     from mpitrain.ops import ring
     for op in OPS:
         for pre, post in [(1.0, 1.0), (0.5, 3.0)]:
-            for n in [1, 7, 1009, 300_007]:
+            for n in [7, 1009, 300_007]:
                 if n > 2000 and op != ReduceOp.SUM:
                     continue
                 send = values(RANK, n, dtype, op)
