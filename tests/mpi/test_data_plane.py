@@ -224,6 +224,8 @@ def test_auto_picks_by_size_and_layout(group):
     assert small == "mpi"
     multi_node = group.topology.num_nodes > 1
     assert large == ("hierarchical" if multi_node else "shm")
+    # shm asked for across nodes runs hierarchical (shared memory inside each node)
+    assert algorithms.choose_allreduce(group, 64 << 20, "shm") == large
     assert multi_node == (os.environ.get("MPITRAIN_LOCAL_SIZE") is not None)
 
 
