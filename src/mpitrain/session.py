@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from . import runtime
+from . import runtime, survivors
 from .engine.device import cuda_awareness
 from .engine.engine import Engine
 from .engine.request import Kind, Request
@@ -25,6 +25,7 @@ from .process_sets import ProcessSet, global_process_set, registry
 _engine: Engine | None = None
 _lock = threading.RLock()
 _atexit_registered = False
+_job_comm: Any = None  # init()'s ``comm`` argument: what a rebuild without ULFM starts over
 
 
 def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
@@ -47,7 +48,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             sees a world of one (torchrun, srun without PMI, another MPI's mpirun); see
             :mod:`mpitrain.launchers`.
     """
-    global _engine, _atexit_registered
+    global _engine, _atexit_registered, _job_comm
     if isinstance(process_sets, str) and process_sets != "dynamic":
         raise ValueError(f"init(process_sets={process_sets!r}): pass a list of ProcessSet "
                          "objects or 'dynamic'")
@@ -65,6 +66,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             runtime.stop()
             raise
         _engine = engine
+        _job_comm = comm
         global_process_set.ranks = list(range(state.topology.size))
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -89,6 +91,45 @@ def shutdown() -> None:
     finally:
         registry.forget_all()  # ids are meaningless once the engine that gave them stopped
         runtime.stop()
+
+
+def rebuild() -> list[int]:
+    """Rebuild the engine and everything above the communicator over the ranks still alive.
+
+    Elastic training calls this after a collective failed.  Every surviving rank must call it
+    (it is collective over the survivors).  The engine is stopped (its requests fail), the
+    survivors agree on who they are (ULFM's shrink, see :mod:`mpitrain.survivors`), and
+    topology, communicators, data plane and engine are built again over them: ``rank()`` and
+    ``size()`` may change.  Without ULFM the job is rebuilt over the communicator ``init()``
+    was given.  Process sets other than the global one are forgotten: register them again.
+
+    Returns:
+        The ranks (in the old numbering) that were lost; empty when everyone is alive.
+
+    Raises:
+        ValueError: mpitrain is not initialised.
+    """
+    global _engine, _job_comm
+    with _lock:
+        running = engine()
+        comm = _job_comm
+        _engine = None
+        try:
+            running.stop()  # the thread has usually ended already, on the failure
+            # Nothing uses the job's communicator now: agree on the survivors over it.
+            world = runtime.state().comms.world
+            shrunk = survivors.shrink(world)
+            lost = survivors.lost_ranks(world, shrunk) if shrunk is not None else []
+        finally:
+            registry.forget_all()
+            runtime.stop()
+        try:
+            init(shrunk if shrunk is not None else comm)
+        finally:
+            _job_comm = comm  # a rebuild without ULFM starts again from what the user gave
+            if shrunk is not None:
+                shrunk.Free()  # init() works on its own duplicate
+        return lost
 
 
 def engine() -> Engine:
@@ -148,4 +189,4 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return True
 
 
-__all__ = ["add_process_set", "engine", "init", "remove_process_set", "shutdown"]
+__all__ = ["add_process_set", "engine", "init", "rebuild", "remove_process_set", "shutdown"]

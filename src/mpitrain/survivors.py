@@ -1,0 +1,67 @@
+"""Who is left after a rank died: ULFM's revoke and shrink, where the MPI library has them.
+
+With ULFM (Open MPI 5 run with ``mpirun --with-ft ulfm``), a collective that involves a dead
+rank fails on the ranks that notice, with ``MPI_ERR_PROC_FAILED``.  Ranks that wait on a live
+peer which is itself stuck would wait forever, so the rank that notices first *revokes* the
+communicators it uses: every pending and later operation on them fails everywhere with
+``MPI_ERR_REVOKED``.  The survivors then *shrink* the job's communicator: a collective among
+the live ranks that agrees on who they are and returns a new communicator of just them.
+
+Without ULFM (MPICH, an older Open MPI), ``Shrink`` either does not exist or raises; the
+callers then fall back to rebuilding over the communicator they had.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterable
+from typing import Any
+
+from . import _mpi
+
+
+def revoke(comms: Iterable[Any]) -> None:
+    """Revoke every communicator of ``comms`` that can be revoked (best effort, local).
+
+    Called by a rank whose collective failed, so that no peer stays blocked in a collective
+    the failed one will never join.  Not collective; revoking twice is harmless.
+    """
+    MPI = _mpi.load()
+    for comm in comms:
+        if comm is None or comm == MPI.COMM_NULL:
+            continue
+        with contextlib.suppress(Exception):  # no ULFM, or already freed: nothing to interrupt
+            comm.Revoke()
+
+
+def shrink(comm: Any) -> Any | None:
+    """A new communicator of the ranks of ``comm`` that are still alive, or None without ULFM.
+
+    Collective over the live ranks of ``comm`` (dead ones are skipped; a revoked ``comm`` is
+    fine).  Ranks keep their relative order.  The caller frees the result.
+
+    Raises:
+        mpi4py.MPI.Exception: the MPI library failed inside the shrink itself.
+    """
+    shrink_op = getattr(comm, "Shrink", None)
+    if shrink_op is None:  # an mpi4py or MPI without the ULFM interface
+        return None
+    try:
+        return shrink_op()
+    except NotImplementedError:  # mpi4py built against an MPI without MPIX_Comm_shrink
+        return None
+
+
+def lost_ranks(before: Any, after: Any) -> list[int]:
+    """The ranks of ``before`` that are not in ``after`` (in ``before``'s numbering)."""
+    MPI = _mpi.load()
+    old, new = before.Get_group(), after.Get_group()
+    try:
+        mapped = MPI.Group.Translate_ranks(old, list(range(old.Get_size())), new)
+    finally:
+        old.Free()
+        new.Free()
+    return [r for r, m in enumerate(mapped) if m == MPI.UNDEFINED]
+
+
+__all__ = ["lost_ranks", "revoke", "shrink"]
