@@ -10,6 +10,7 @@ environment again after :func:`start`.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import traceback
@@ -32,6 +33,9 @@ class State:
     thread_level: int
     device: int | None
     cpu_threads: int | None
+    # A duplicate of the job's communicator that carries no traffic, so that it outlives the
+    # engine (which frees what it talks on): elastic survivors agree on who is left over it.
+    spare: Any = None
 
 
 _state: State | None = None
@@ -99,7 +103,8 @@ def start(comm: Any = None) -> State:
         threads = binding.set_cpu_threads(topo.machine_local_size) if cfg.set_cpu_threads else None
         failure.arm(comms.world, topo)  # collective: before any thread above uses MPI
         _state = State(config=cfg, topology=topo, comms=comms,
-                       thread_level=MPI.Query_thread(), device=device, cpu_threads=threads)
+                       thread_level=MPI.Query_thread(), device=device, cpu_threads=threads,
+                       spare=comms.world.Dup())
         if cfg.abort_on_error:
             _install_abort_hook()
         return _state
@@ -116,6 +121,8 @@ def stop() -> None:
     try:
         failure.disarm()
     finally:
+        with contextlib.suppress(Exception):  # best effort at teardown
+            state.spare.Free()
         state.comms.free()
         job_env.withdraw()
 

@@ -104,7 +104,7 @@ def rebuild() -> list[int]:
     was given.  Process sets other than the global one are forgotten: register them again.
 
     Returns:
-        The ranks (in the old numbering) that were lost; empty when everyone is alive.
+        The MPI_COMM_WORLD ranks of the processes lost; empty when everyone is alive.
 
     Raises:
         ValueError: mpitrain is not initialised.
@@ -116,10 +116,11 @@ def rebuild() -> list[int]:
         _engine = None
         try:
             running.stop()  # the thread has usually ended already, on the failure
-            # Nothing uses the job's communicator now: agree on the survivors over it.
-            world = runtime.state().comms.world
-            shrunk = survivors.shrink(world)
-            lost = survivors.lost_ranks(world, shrunk) if shrunk is not None else []
+            # Agree on the survivors over the runtime's spare communicator: the engine's are
+            # freed (and revoked after a failure), and no other thread talks on this one.
+            spare = runtime.state().spare
+            shrunk = survivors.shrink(spare)
+            lost = survivors.lost_ranks(spare, shrunk) if shrunk is not None else []
         finally:
             registry.forget_all()
             runtime.stop()

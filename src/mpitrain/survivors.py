@@ -53,15 +53,21 @@ def shrink(comm: Any) -> Any | None:
 
 
 def lost_ranks(before: Any, after: Any) -> list[int]:
-    """The ranks of ``before`` that are not in ``after`` (in ``before``'s numbering)."""
+    """The MPI_COMM_WORLD ranks of the processes in ``before`` but not in ``after``.
+
+    World ranks, because they name the same process across any number of rebuilds (and are
+    what mpirun's own messages and a rank's log files use).
+    """
     MPI = _mpi.load()
-    old, new = before.Get_group(), after.Get_group()
+    old, new, world = before.Get_group(), after.Get_group(), MPI.COMM_WORLD.Get_group()
     try:
-        mapped = MPI.Group.Translate_ranks(old, list(range(old.Get_size())), new)
+        members = list(range(old.Get_size()))
+        kept = MPI.Group.Translate_ranks(old, members, new)
+        in_world = MPI.Group.Translate_ranks(old, members, world)
     finally:
-        old.Free()
-        new.Free()
-    return [r for r, m in enumerate(mapped) if m == MPI.UNDEFINED]
+        for group in (old, new, world):
+            group.Free()
+    return [w for w, k in zip(in_world, kept) if k == MPI.UNDEFINED]
 
 
 __all__ = ["lost_ranks", "revoke", "shrink"]

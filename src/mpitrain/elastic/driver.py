@@ -30,9 +30,9 @@ def rebuild_job() -> None:
     before = runtime.size()
     lost = session.rebuild()
     if runtime.rank() == 0:
-        gone = f"lost rank(s) {lost}; " if lost else ""
+        gone = f"lost world rank(s) {lost}; " if lost else ""
         sys.stderr.write(f"mpitrain elastic: {gone}continuing on {runtime.size()} of {before} "
-                         f"ranks (rebuilt in {time.monotonic() - started:.2f} s)\n")
+                         f"ranks (rebuilt in {1e3 * (time.monotonic() - started):.0f} ms)\n")
         sys.stderr.flush()
 
 

@@ -1,0 +1,90 @@
+"""An elastic training job for tests/jobs/test_elastic.py: a small regression trained under
+``hvd.elastic.run``, with an exit schedule, writing one JSON log per (original) rank.
+
+    mpirun --with-ft ulfm -np 3 python elastic_train.py LOGDIR '{"1": [0, 3]}'
+
+The schedule maps an original rank to ``[epoch, batch]``: that rank SIGKILLs itself before
+that batch's forward pass (so every rank has committed the batch before it).  Every rank logs,
+after each commit, the batch's sample indices, and at the end the sizes it saw after each
+reset, its resets and a digest of the final parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import sys
+
+import torch
+from mpi4py import MPI
+
+import mpitrain.torch as hvd
+
+EPOCHS, BATCH, SAMPLES, FEATURES = 3, 4, 96, 8
+
+
+def main() -> None:
+    logdir, schedule = sys.argv[1], json.loads(sys.argv[2])
+    original = MPI.COMM_WORLD.Get_rank()
+    die_at = schedule.get(str(original))
+    log: dict = {"rank": original, "batches": [], "resets": 0, "sizes": []}
+    path = os.path.join(logdir, f"rank{original}.json")
+
+    def write_log() -> None:
+        with open(path + ".tmp", "w") as f:
+            json.dump(log, f)
+        os.replace(path + ".tmp", path)
+
+    hvd.init()
+    log["sizes"].append(hvd.size())
+    torch.manual_seed(0)
+    data = torch.randn(SAMPLES, FEATURES, generator=torch.Generator().manual_seed(1))
+    target = data @ torch.arange(FEATURES, dtype=torch.float32) + 0.5
+    dataset = torch.utils.data.TensorDataset(data, target, torch.arange(SAMPLES))
+    model = torch.nn.Linear(FEATURES, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+
+    def on_reset() -> None:
+        log["resets"] += 1
+        log["sizes"].append(hvd.size())
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> float:
+        loss = torch.tensor(0.0)
+        for state.epoch in range(state.epoch, EPOCHS):  # noqa: B020 - Horovod's idiom: the epoch is committed state
+            loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH,
+                                                 sampler=state.sampler)
+            for x, y, idx in loader:
+                if die_at == [state.epoch, state.batch]:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+                loss.backward()
+                optimizer.step()
+                state.sampler.record_batch(state.batch, BATCH)
+                state.batch += 1
+                state.commit()
+                log["batches"].append([state.epoch, idx.tolist()])
+                write_log()
+            state.sampler.set_epoch(state.epoch + 1)
+            state.batch = 0
+            state.commit()
+        return float(hvd.allreduce(loss.detach(), name="final_loss"))
+
+    log["final_loss"] = train(state)
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    log["params"] = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+    log["final_size"] = hvd.size()
+    write_log()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()
