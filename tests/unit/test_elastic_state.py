@@ -38,6 +38,8 @@ def test_faces_expose_the_same_elastic_api():
 
     assert hvd.elastic.TorchState is hvd_torch.elastic.TorchState
     assert hvd.elastic.ElasticSampler is hvd_torch.elastic.ElasticSampler
+    for name in hvd_torch.elastic.__all__:
+        assert getattr(hvd.elastic, name) is getattr(hvd_torch.elastic, name), name
     assert hvd.elastic.run is hvd_torch.elastic.run
     assert hvd.elastic.HorovodInternalError is hvd.HorovodInternalError is hvd.MpitrainInternalError
     assert issubclass(HostsUpdatedInterrupt, RuntimeError)

@@ -11,6 +11,7 @@ import importlib
 from typing import Any
 
 from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..session import init, shutdown
 from .driver import run, run_fn
 from .state import HostUpdateResult, ObjectState, State
 
@@ -24,5 +25,6 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'mpitrain.elastic' has no attribute {name!r}")
 
 
+# init and shutdown are here because Horovod's horovod.torch.elastic has them too.
 __all__ = ["ElasticSampler", "HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt",
-           "ObjectState", "State", "TorchState", "run", "run_fn"]
+           "ObjectState", "State", "TorchState", "init", "run", "run_fn", "shutdown"]

@@ -9,11 +9,14 @@ from ...elastic import (
     HostUpdateResult,
     ObjectState,
     State,
+    init,
     run,
     run_fn,
+    shutdown,
 )
 from .sampler import ElasticSampler
 from .state import TorchState
 
+# init and shutdown are here because Horovod's horovod.torch.elastic has them too.
 __all__ = ["ElasticSampler", "HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt",
-           "ObjectState", "State", "TorchState", "run", "run_fn"]
+           "ObjectState", "State", "TorchState", "init", "run", "run_fn", "shutdown"]
