@@ -4,9 +4,13 @@
     mpirun --with-ft ulfm -np 3 python elastic_train.py LOGDIR '{"1": [0, 3]}'
 
 The schedule maps an original rank to ``[epoch, batch]``: that rank SIGKILLs itself before
-that batch's forward pass (so every rank has committed the batch before it).  Every rank logs,
-after each commit, the batch's sample indices, and at the end the sizes it saw after each
-reset, its resets and a digest of the final parameters.
+that batch's forward pass (so every rank has committed the batch before it); with
+``[epoch, batch, "backward"]`` it dies when its first layer's gradient is computed, the last
+of the backward pass, while the other gradients are in flight.  Every rank logs,
+after each commit, the batch's sample indices; a dying rank its time of death; a survivor
+the time its first step after each reset was committed (recovery = that minus the death);
+and at the end the sizes it saw after each reset, its resets and a digest of the final
+parameters.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import os
 import signal
 import sys
+import time
 
 import torch
 from mpi4py import MPI
@@ -29,7 +34,7 @@ def main() -> None:
     logdir, schedule = sys.argv[1], json.loads(sys.argv[2])
     original = MPI.COMM_WORLD.Get_rank()
     die_at = schedule.get(str(original))
-    log: dict = {"rank": original, "batches": [], "resets": 0, "sizes": []}
+    log: dict = {"rank": original, "batches": [], "resets": 0, "sizes": [], "recovered_at": []}
     path = os.path.join(logdir, f"rank{original}.json")
 
     def write_log() -> None:
@@ -49,6 +54,11 @@ def main() -> None:
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
 
+    def die() -> None:
+        log["died_at"] = time.time()  # wall clock: compared with the survivors' on this machine
+        write_log()
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def on_reset() -> None:
         log["resets"] += 1
         log["sizes"].append(hvd.size())
@@ -63,7 +73,11 @@ def main() -> None:
                                                  sampler=state.sampler)
             for x, y, idx in loader:
                 if die_at == [state.epoch, state.batch]:
-                    os.kill(os.getpid(), signal.SIGKILL)
+                    die()
+                if die_at == [state.epoch, state.batch, "backward"]:
+                    # Die halfway through the backward pass: the gradients computed so far
+                    # are already being reduced by the other ranks' engines.
+                    next(model.parameters()).register_hook(lambda grad: die())
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
                 loss.backward()
@@ -72,6 +86,8 @@ def main() -> None:
                 state.batch += 1
                 state.commit()
                 log["batches"].append([state.epoch, idx.tolist()])
+                if len(log["recovered_at"]) < log["resets"]:  # first step after a reset
+                    log["recovered_at"].append(time.time())
                 write_log()
             state.sampler.set_epoch(state.epoch + 1)
             state.batch = 0
