@@ -121,10 +121,22 @@ def stop() -> None:
     try:
         failure.disarm()
     finally:
-        with contextlib.suppress(Exception):  # best effort at teardown
-            state.spare.Free()
+        if state.spare is not None:
+            with contextlib.suppress(Exception):  # best effort at teardown
+                state.spare.Free()
         state.comms.free()
         job_env.withdraw()
+
+
+def take_spare() -> Any:
+    """Hand the spare communicator to the caller, who frees it; stop() then leaves it alone.
+
+    Elastic recovery shrinks it to the survivors after everything built on the job's
+    communicator is gone (a Dup of it would fail: it contains the dead).
+    """
+    current = state()
+    spare, current.spare = current.spare, None
+    return spare
 
 
 def is_initialized() -> bool:

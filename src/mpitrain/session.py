@@ -19,7 +19,7 @@ from . import runtime, survivors
 from .engine.device import cuda_awareness
 from .engine.engine import Engine
 from .engine.request import Kind, Request
-from .errors import not_initialized
+from .errors import MpitrainInternalError, not_initialized
 from .process_sets import ProcessSet, global_process_set, registry
 
 _engine: Engine | None = None
@@ -100,8 +100,9 @@ def rebuild() -> list[int]:
     (it is collective over the survivors).  The engine is stopped (its requests fail), the
     survivors agree on who they are (ULFM's shrink, see :mod:`mpitrain.survivors`), and
     topology, communicators, data plane and engine are built again over them: ``rank()`` and
-    ``size()`` may change.  Without ULFM the job is rebuilt over the communicator ``init()``
-    was given.  Process sets other than the global one are forgotten: register them again.
+    ``size()`` may change.  A rank dying during the rebuild makes the survivors shrink and
+    build again.  Without ULFM the job is rebuilt over the communicator ``init()`` was given.
+    Process sets other than the global one are forgotten: register them again.
 
     Returns:
         The MPI_COMM_WORLD ranks of the processes lost; empty when everyone is alive.
@@ -109,7 +110,7 @@ def rebuild() -> list[int]:
     Raises:
         ValueError: mpitrain is not initialised.
     """
-    global _engine, _job_comm
+    global _engine
     with _lock:
         running = engine()
         comm = _job_comm
@@ -118,19 +119,65 @@ def rebuild() -> list[int]:
             running.stop()  # the thread has usually ended already, on the failure
             # Agree on the survivors over the runtime's spare communicator: the engine's are
             # freed (and revoked after a failure), and no other thread talks on this one.
-            spare = runtime.state().spare
-            shrunk = survivors.shrink(spare)
-            lost = survivors.lost_ranks(spare, shrunk) if shrunk is not None else []
+            before = runtime.take_spare()
         finally:
             registry.forget_all()
             runtime.stop()
         try:
-            init(shrunk if shrunk is not None else comm)
+            return _build_over_survivors(before, comm)
         finally:
-            _job_comm = comm  # a rebuild without ULFM starts again from what the user gave
-            if shrunk is not None:
-                shrunk.Free()  # init() works on its own duplicate
-        return lost
+            before.Free()
+
+
+def _build_over_survivors(before: Any, comm: Any) -> list[int]:
+    """Shrink ``before`` to the live ranks and init() over them, until every survivor's init
+    succeeded.  A failed attempt is retried only if a rank died since the last one; otherwise
+    init() fails the same way again, and its error is raised on every survivor."""
+    global _job_comm
+    current = before
+    error: BaseException | None = None
+    try:
+        while True:
+            shrunk = survivors.shrink(current)
+            if shrunk is None:  # no ULFM: start again over what the user gave
+                init(comm)
+                return []
+            if error is not None and shrunk.Get_size() == current.Get_size():
+                shrunk.Free()
+                raise error  # nobody died since the failed attempt: it was not a death
+            if current is not before:
+                current.Free()
+            current = shrunk
+            try:
+                init(shrunk)
+                error = None
+            except Exception as exc:  # noqa: BLE001 - agreed on below, raised if not a death
+                error = exc
+            finally:
+                _job_comm = comm  # a rebuild without ULFM starts from what the user gave
+            if survivors.agree(shrunk, error is None):
+                return survivors.lost_ranks(before, shrunk)
+            _abandon()  # where init() succeeded: the others did not, build again together
+            if error is None:
+                error = MpitrainInternalError("rebuilding the job over the survivors failed "
+                                              "on another rank")
+    finally:
+        if current is not before:
+            current.Free()  # init() works on its own duplicate
+
+
+def _abandon() -> None:
+    """shutdown() when the other ranks will not shut down with us (see Engine.abandon)."""
+    global _engine
+    with _lock:
+        running, _engine = _engine, None
+    if running is None:
+        return
+    try:
+        running.abandon()
+    finally:
+        registry.forget_all()
+        runtime.stop()
 
 
 def engine() -> Engine:

@@ -52,6 +52,19 @@ def shrink(comm: Any) -> Any | None:
         return None
 
 
+def agree(comm: Any, flag: bool) -> bool:
+    """True on every live rank of ``comm`` if every live rank passed True, else False everywhere.
+
+    ULFM's agreement is fault tolerant and uniform: a rank that died before or during it
+    cannot make the live ranks disagree.  A failure it reports (a death not yet acknowledged)
+    counts as False: the callers then start over.
+    """
+    try:
+        return bool(comm.Agree(int(flag)))
+    except Exception:  # noqa: BLE001 - MPI_ERR_PROC_FAILED: someone died, go round again
+        return False
+
+
 def lost_ranks(before: Any, after: Any) -> list[int]:
     """The MPI_COMM_WORLD ranks of the processes in ``before`` but not in ``after``.
 
@@ -70,4 +83,4 @@ def lost_ranks(before: Any, after: Any) -> list[int]:
     return [w for w, k in zip(in_world, kept) if k == MPI.UNDEFINED]
 
 
-__all__ = ["lost_ranks", "revoke", "shrink"]
+__all__ = ["agree", "lost_ranks", "revoke", "shrink"]

@@ -6,7 +6,8 @@
 The schedule maps an original rank to ``[epoch, batch]``: that rank SIGKILLs itself before
 that batch's forward pass (so every rank has committed the batch before it); with
 ``[epoch, batch, "backward"]`` it dies when its first layer's gradient is computed, the last
-of the backward pass, while the other gradients are in flight.  Every rank logs,
+of the backward pass, while the other gradients are in flight; with ``"rebuild"`` it dies in
+the first rebuild, right after the survivors' shrink.  Every rank logs,
 after each commit, the batch's sample indices; a dying rank its time of death; a survivor
 the time its first step after each reset was committed (recovery = that minus the death);
 and at the end the sizes it saw after each reset, its resets and a digest of the final
@@ -26,6 +27,7 @@ import torch
 from mpi4py import MPI
 
 import mpitrain.torch as hvd
+from mpitrain import survivors
 
 EPOCHS, BATCH, SAMPLES, FEATURES = 3, 4, 96, 8
 
@@ -64,6 +66,16 @@ def main() -> None:
         log["sizes"].append(hvd.size())
 
     state.register_reset_callbacks([on_reset])
+    if die_at == "rebuild":
+        # Die inside the first rebuild, once the survivors have shrunk: they must notice in
+        # their init() and shrink again.
+        shrink = survivors.shrink
+
+        def shrink_then_die(comm):
+            shrink(comm)
+            die()
+
+        survivors.shrink = shrink_then_die
 
     @hvd.elastic.run
     def train(state: hvd.elastic.TorchState) -> float:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -40,7 +41,10 @@ def _has_ulfm() -> bool:
 CASES = [
     # np, schedule, sizes every survivor sees
     pytest.param(3, {"1": [0, 3, "backward"]}, [3, 2], id="np3-one-killed-in-backward"),
-    pytest.param(4, {"0": [0, 2], "3": [1, 1]}, [4, 3, 2], id="np4-rank0-then-rank3-killed"),
+    # Rank 0 dies, rank 2 dies inside the rebuild that follows, rank 3 in the next epoch:
+    # rank 1 finishes alone.
+    pytest.param(4, {"0": [0, 2], "2": "rebuild", "3": [1, 1]}, [4, 2, 1],
+                 id="np4-three-killed-one-in-a-rebuild"),
 ]
 
 
@@ -62,14 +66,19 @@ def test_survivors_finish_the_training(tmp_path, np_, schedule, sizes):
         assert math.isfinite(log["final_loss"])
     assert len({log["params"] for log in survivors}) == 1, "survivors' parameters differ"
     assert len({log["final_loss"] for log in survivors}) == 1
+    reported = [int(r) for lost in re.findall(r"lost world rank\(s\) \[([\d, ]+)\]", proc.stderr)
+                for r in lost.split(",")]
+    assert sorted(reported) == sorted(dead), output
     for r in dead:
         assert "params" not in logs[r], f"rank {r} was to die but finished"
-        assert f"lost world rank(s) [{r}]" in proc.stderr, output
-    # Recovery: from a death to the survivors' next committed step (reported, loosely bounded
-    # so that a loaded CI machine does not fail it; the aim is well under 5 s).
+    # Recovery: from the first death after the last recovery to the survivors' next committed
+    # step (reported; loosely bounded so a loaded CI machine passes; the aim is under 5 s).
     deaths = sorted(logs[r]["died_at"] for r in dead)
-    recovered = [max(log["recovered_at"][i] for log in survivors) for i in range(len(deaths))]
-    seconds = [round(b - a, 3) for a, b in zip(deaths, recovered)]
+    seconds, since = [], 0.0
+    for reset in range(len(sizes) - 1):
+        recovered = max(log["recovered_at"][reset] for log in survivors)
+        seconds.append(round(recovered - min(d for d in deaths if d > since), 3))
+        since = recovered
     print(f"recovery times (s): {seconds}")
     assert all(0 < s < 30 for s in seconds), seconds
     for epoch in range(EPOCHS):

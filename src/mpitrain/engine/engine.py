@@ -165,6 +165,15 @@ class Engine:
         for state in self._sets.values():
             state.close()
 
+    def abandon(self) -> None:
+        """Stop without the other ranks taking part: revoke every communicator first, so
+        that this thread's collectives (and the peers') fail instead of waiting for ranks
+        that will never join, then stop."""
+        with self._cond:
+            sets = list(self._sets.values())
+        survivors.revoke(comm for state in sets for comm in state.communicators())
+        self.stop()
+
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         someone_pending = False
