@@ -15,7 +15,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from . import runtime, survivors
+from . import _mpi, runtime, survivors
 from .engine.device import cuda_awareness
 from .engine.engine import Engine
 from .engine.request import Kind, Request
@@ -143,8 +143,8 @@ def _build_over_survivors(before: Any, comm: Any) -> list[int]:
                 init(comm)
                 return []
             if error is not None and shrunk.Get_size() == current.Get_size():
-                shrunk.Free()
-                raise error  # nobody died since the failed attempt: it was not a death
+                shrunk.Free()  # nobody died since the failed attempt: it was not a death
+                raise error
             if current is not before:
                 current.Free()
             current = shrunk
@@ -153,14 +153,17 @@ def _build_over_survivors(before: Any, comm: Any) -> list[int]:
                 error = None
             except Exception as exc:  # noqa: BLE001 - agreed on below, raised if not a death
                 error = exc
+                survivors.revoke([shrunk])  # a peer may wait for us in a Dup of it
             finally:
                 _job_comm = comm  # a rebuild without ULFM starts from what the user gave
             if survivors.agree(shrunk, error is None):
                 return survivors.lost_ranks(before, shrunk)
             _abandon()  # where init() succeeded: the others did not, build again together
-            if error is None:
+            if error is None or isinstance(error, _mpi.load().Exception):
+                # This rank only saw the consequence (an interrupted collective); the cause
+                # is raised on the rank where it happened.
                 error = MpitrainInternalError("rebuilding the job over the survivors failed "
-                                              "on another rank")
+                                              f"on another rank ({error or 'its init failed'})")
     finally:
         if current is not before:
             current.Free()  # init() works on its own duplicate

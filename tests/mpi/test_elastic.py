@@ -96,3 +96,4 @@ def test_a_mismatch_is_catchable_as_horovod_internal_error(hvd):
         hvd.allreduce(torch.zeros(RANK + 1), name="elastic.catch")
     out = hvd.allreduce(torch.ones(2), name="elastic.after_catch")  # the engine goes on
     assert torch.equal(out, torch.ones(2))
+
