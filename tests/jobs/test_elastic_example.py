@@ -1,5 +1,5 @@
 """examples/pytorch/train_digits_elastic.py under ULFM: a rank SIGKILLed after epoch 2 (by
-the pid it prints, as a user would), the survivors finish the 6 epochs on 2 ranks with a test
+the pid it prints, as a user would), the survivors finish the 4 epochs on 2 ranks with a test
 accuracy far above chance."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ pytestmark = [pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULF
 def test_train_digits_elastic_survives_a_killed_rank():
     cmd = mpirun_command(3, ["--with-ft", "ulfm", sys.executable,
                              str(ROOT / "examples" / "pytorch" / "train_digits_elastic.py"),
-                             "--epochs", "6"])
+                             "--epochs", "4"])
     proc = subprocess.Popen(cmd, env=job_env(), cwd=ROOT, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
     watchdog = threading.Timer(150, proc.kill)  # a hang fails the test instead of blocking it
