@@ -5,7 +5,8 @@ schedule (original rank -> [epoch, batch] at which it kills itself) and checks, 
 per-rank JSON logs: the world sizes every survivor saw after each reset, the number of resets,
 identical final parameters on all survivors, a finite final loss, and that over every epoch
 the committed batches of all ranks (the dead ones' until they died) cover the dataset with no
-sample skipped, and none repeated beyond the padding of the epoch's last round.
+sample skipped, and none repeated beyond the padding of the epoch's last round.  A last test
+makes one rank's init() fail inside a rebuild: every rank must end with an error, none hang.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ CASES = [
     # Not here: a rank killed inside the rebuild ({"2": "rebuild"}).  The survivors recover
     # and finish the training, but in about 1 run of 5 the last survivor then hangs in
     # MPI_Finalize (Open MPI 5.0.11, PMIx fence; gdb: ompi_mpi_finalize -> usleep), so it
-    # would make this test flaky.  The rebuild's retry is tested without a death in
-    # tests/mpi/test_elastic.py.
+    # would make this test flaky.  The rebuild's failure path is tested without a death in
+    # test_a_rebuild_that_fails_without_a_death_raises_everywhere below.
 ]
 
 
