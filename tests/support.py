@@ -49,6 +49,19 @@ def is_open_mpi(launcher: str) -> bool:
     return "Open MPI" in out or "OpenRTE" in out
 
 
+def has_ulfm() -> bool:
+    """True when mpirun is Open MPI built with ULFM (``mpirun --with-ft ulfm`` works)."""
+    launcher = mpirun()
+    if not is_open_mpi(launcher):
+        return False
+    info = Path(launcher).with_name("ompi_info")
+    try:
+        out = subprocess.run([str(info)], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "FT MPI support: yes" in out
+
+
 def mpirun_command(np: int, argv: Sequence[str]) -> list[str]:
     """mpirun -np N ... argv, with the flags these small shared machines need."""
     launcher = mpirun()

@@ -15,6 +15,18 @@ class MpitrainInternalError(RuntimeError):
 HorovodInternalError = MpitrainInternalError
 
 
+class HostsUpdatedInterrupt(RuntimeError):
+    """The set of hosts changed: elastic training resets at its next commit, without a restore.
+
+    ``skip_sync`` is True when hosts were only removed: the survivors' state is already the
+    same everywhere, so the reset need not broadcast it again (Horovod's meaning).
+    """
+
+    def __init__(self, skip_sync: bool) -> None:
+        super().__init__(f"hosts updated (skip_sync={skip_sync})")
+        self.skip_sync = skip_sync
+
+
 def not_initialized() -> ValueError:
     """The error every runtime query raises before init()."""
     return ValueError("mpitrain has not been initialized; call mpitrain.init() first.")

@@ -10,13 +10,14 @@ environment again after :func:`start`.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import threading
 import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from . import _mpi, binding, failure, job_env, launchers, topology
+from . import _mpi, binding, failure, job_env, launchers, survivors, topology
 from . import config as config_module
 from .errors import not_initialized
 from .topology import Communicators, Topology
@@ -32,6 +33,9 @@ class State:
     thread_level: int
     device: int | None
     cpu_threads: int | None
+    # A duplicate of the job's communicator that carries no traffic, so that it outlives the
+    # engine (which frees what it talks on): elastic survivors agree on who is left over it.
+    spare: Any = None
 
 
 _state: State | None = None
@@ -89,17 +93,28 @@ def start(comm: Any = None) -> State:
         launchers.check_world(MPI.COMM_WORLD.Get_size(), cfg.allow_singleton,
                               _mpi.library_version())
         job_comm = _resolve_comm(MPI, comm)
-        spans_world = job_comm.Get_size() == MPI.COMM_WORLD.Get_size()
-        job_env.check_torch_world(job_comm.Get_size())
-        topo, comms = topology.build(job_comm, emulated_local_size=cfg.local_size,
-                                     use_launcher_env=spans_world)
-        device = binding.bind_device(topo.local_rank) if cfg.bind_device else None
-        job_env.export(topo.rank, topo.size, topo.local_rank, topo.local_size,
-                       has_gpu=binding.cuda_device_count() > 0)
-        threads = binding.set_cpu_threads(topo.machine_local_size) if cfg.set_cpu_threads else None
-        failure.arm(comms.world, topo)  # collective: before any thread above uses MPI
+        comms = None
+        try:
+            spans_world = job_comm.Get_size() == MPI.COMM_WORLD.Get_size()
+            job_env.check_torch_world(job_comm.Get_size())
+            topo, comms = topology.build(job_comm, emulated_local_size=cfg.local_size,
+                                         use_launcher_env=spans_world)
+            device = binding.bind_device(topo.local_rank) if cfg.bind_device else None
+            job_env.export(topo.rank, topo.size, topo.local_rank, topo.local_size,
+                           has_gpu=binding.cuda_device_count() > 0)
+            threads = (binding.set_cpu_threads(topo.machine_local_size) if cfg.set_cpu_threads
+                       else None)
+            failure.arm(comms.world, topo)  # collective: before any thread above uses MPI
+            spare = comms.world.Dup()
+        except BaseException:
+            # Peers may be waiting for this rank in a collective of the ones being built:
+            # where MPI can (ULFM), make those collectives fail rather than wait forever.
+            survivors.revoke([job_comm] + ([comms.world, comms.local, comms.cross]
+                                           if comms is not None else []))
+            raise
         _state = State(config=cfg, topology=topo, comms=comms,
-                       thread_level=MPI.Query_thread(), device=device, cpu_threads=threads)
+                       thread_level=MPI.Query_thread(), device=device, cpu_threads=threads,
+                       spare=spare)
         if cfg.abort_on_error:
             _install_abort_hook()
         return _state
@@ -116,8 +131,22 @@ def stop() -> None:
     try:
         failure.disarm()
     finally:
+        if state.spare is not None:
+            with contextlib.suppress(Exception):  # best effort at teardown
+                state.spare.Free()
         state.comms.free()
         job_env.withdraw()
+
+
+def take_spare() -> Any:
+    """Hand the spare communicator to the caller, who frees it; stop() then leaves it alone.
+
+    Elastic recovery shrinks it to the survivors after everything built on the job's
+    communicator is gone (a Dup of it would fail: it contains the dead).
+    """
+    current = state()
+    spare, current.spare = current.spare, None
+    return spare
 
 
 def is_initialized() -> bool:

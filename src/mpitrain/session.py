@@ -15,16 +15,17 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from . import runtime
+from . import _mpi, runtime, survivors
 from .engine.device import cuda_awareness
 from .engine.engine import Engine
 from .engine.request import Kind, Request
-from .errors import not_initialized
+from .errors import MpitrainInternalError, not_initialized
 from .process_sets import ProcessSet, global_process_set, registry
 
 _engine: Engine | None = None
 _lock = threading.RLock()
 _atexit_registered = False
+_job_comm: Any = None  # init()'s ``comm`` argument: what a rebuild without ULFM starts over
 
 
 def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
@@ -47,7 +48,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             sees a world of one (torchrun, srun without PMI, another MPI's mpirun); see
             :mod:`mpitrain.launchers`.
     """
-    global _engine, _atexit_registered
+    global _engine, _atexit_registered, _job_comm
     if isinstance(process_sets, str) and process_sets != "dynamic":
         raise ValueError(f"init(process_sets={process_sets!r}): pass a list of ProcessSet "
                          "objects or 'dynamic'")
@@ -65,6 +66,7 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             runtime.stop()
             raise
         _engine = engine
+        _job_comm = comm
         global_process_set.ranks = list(range(state.topology.size))
         if not _atexit_registered:
             atexit.register(shutdown)
@@ -88,6 +90,96 @@ def shutdown() -> None:
         engine.stop()
     finally:
         registry.forget_all()  # ids are meaningless once the engine that gave them stopped
+        runtime.stop()
+
+
+def rebuild() -> list[int]:
+    """Rebuild the engine and everything above the communicator over the ranks still alive.
+
+    Elastic training calls this after a collective failed.  Every surviving rank must call it
+    (it is collective over the survivors).  The engine is stopped (its requests fail), the
+    survivors agree on who they are (ULFM's shrink, see :mod:`mpitrain.survivors`), and
+    topology, communicators, data plane and engine are built again over them: ``rank()`` and
+    ``size()`` may change.  A rank dying during the rebuild makes the survivors shrink and
+    build again.  Without ULFM the job is rebuilt over the communicator ``init()`` was given.
+    Process sets other than the global one are forgotten: register them again.
+
+    Returns:
+        The MPI_COMM_WORLD ranks of the processes lost; empty when everyone is alive.
+
+    Raises:
+        ValueError: mpitrain is not initialised.
+    """
+    global _engine
+    with _lock:
+        running = engine()
+        comm = _job_comm
+        _engine = None
+        try:
+            running.stop()  # the thread has usually ended already, on the failure
+            # Agree on the survivors over the runtime's spare communicator: the engine's are
+            # freed (and revoked after a failure), and no other thread talks on this one.
+            before = runtime.take_spare()
+        finally:
+            registry.forget_all()
+            runtime.stop()
+        try:
+            return _build_over_survivors(before, comm)
+        finally:
+            before.Free()
+
+
+def _build_over_survivors(before: Any, comm: Any) -> list[int]:
+    """Shrink ``before`` to the live ranks and init() over them, until every survivor's init
+    succeeded.  A failed attempt is retried only if a rank died since the last one; otherwise
+    init() fails the same way again, and its error is raised on every survivor."""
+    global _job_comm
+    current = before
+    error: BaseException | None = None
+    try:
+        while True:
+            shrunk = survivors.shrink(current)
+            if shrunk is None:  # no ULFM: start again over what the user gave
+                init(comm)
+                return []
+            if error is not None and shrunk.Get_size() == current.Get_size():
+                shrunk.Free()  # nobody died since the failed attempt: it was not a death
+                raise error
+            if current is not before:
+                current.Free()
+            current = shrunk
+            try:
+                init(shrunk)
+                error = None
+            except Exception as exc:  # noqa: BLE001 - agreed on below, raised if not a death
+                error = exc
+                survivors.revoke([shrunk])  # a peer may wait for us in a Dup of it
+            finally:
+                _job_comm = comm  # a rebuild without ULFM starts from what the user gave
+            if survivors.agree(shrunk, error is None):
+                return survivors.lost_ranks(before, shrunk)
+            _abandon()  # where init() succeeded: the others did not, build again together
+            if error is None or isinstance(error, _mpi.load().Exception):
+                # This rank only saw the consequence (an interrupted collective); the cause
+                # is raised on the rank where it happened.
+                error = MpitrainInternalError("rebuilding the job over the survivors failed "
+                                              f"on another rank ({error or 'its init failed'})")
+    finally:
+        if current is not before:
+            current.Free()  # init() works on its own duplicate
+
+
+def _abandon() -> None:
+    """shutdown() when the other ranks will not shut down with us (see Engine.abandon)."""
+    global _engine
+    with _lock:
+        running, _engine = _engine, None
+    if running is None:
+        return
+    try:
+        running.abandon()
+    finally:
+        registry.forget_all()
         runtime.stop()
 
 
@@ -148,4 +240,4 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return True
 
 
-__all__ = ["add_process_set", "engine", "init", "remove_process_set", "shutdown"]
+__all__ = ["add_process_set", "engine", "init", "rebuild", "remove_process_set", "shutdown"]

@@ -27,6 +27,7 @@ from typing import Any
 
 FACES = {
     "torch": "horovod.torch",
+    "torch.elastic": "horovod.torch.elastic",
     "tensorflow": "horovod.tensorflow",
     "tensorflow.keras": "horovod.tensorflow.keras",
     "tensorflow.keras.callbacks": "horovod.tensorflow.keras.callbacks",

@@ -25,9 +25,11 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 GROUND = {"_mpi", "adasum_layout", "binding", "config", "dtypes", "errors", "failure",
-          "job_env", "launchers", "memory", "process_sets", "runtime", "topology", "version"}
+          "job_env", "launchers", "memory", "process_sets", "runtime", "survivors", "topology",
+          "version"}
 FRONT_DOOR = {"collectives", "arrays", "compression"}
-ADAPTERS = {"torch", "tensorflow", "kvstore", "mxnet", "files", "scopes", "_face", "info"}
+ADAPTERS = {"torch", "tensorflow", "kvstore", "mxnet", "files", "scopes", "_face", "info",
+            "elastic"}
 
 MAY_IMPORT = {
     "ground floor": {"ground floor"},

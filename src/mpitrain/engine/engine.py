@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import topology
+from .. import survivors, topology
 from ..config import Config
 from ..errors import MpitrainInternalError
 from . import buckets
@@ -165,6 +165,15 @@ class Engine:
         for state in self._sets.values():
             state.close()
 
+    def abandon(self) -> None:
+        """Stop without the other ranks taking part: revoke every communicator first, so
+        that this thread's collectives (and the peers') fail instead of waiting for ranks
+        that will never join, then stop."""
+        with self._cond:
+            sets = list(self._sets.values())
+        survivors.revoke(comm for state in sets for comm in state.communicators())
+        self.stop()
+
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         someone_pending = False
@@ -183,6 +192,10 @@ class Engine:
                     return
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter
             self._fatal = exc
+            # A peer may be waiting in a collective this rank will never join: interrupt it
+            # everywhere (with ULFM; without, mpirun ends the job when a rank dies anyway).
+            survivors.revoke(comm for state in list(self._sets.values())
+                             for comm in state.communicators())
             sys.stderr.write(f"mpitrain: rank {self.topology.rank}: engine failed: "
                              f"{type(exc).__name__}: {exc}\n")
             self._finish_all(f"mpitrain engine failed on rank {self.topology.rank}: "

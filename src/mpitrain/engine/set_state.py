@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, field
+from typing import Any
 
 from .. import ops, topology
 from ..config import Config
@@ -54,6 +55,13 @@ class SetState:
     def rank(self) -> int:
         assert self.group is not None
         return self.group.rank
+
+    def communicators(self) -> list[Any]:
+        """Every communicator of this set on this rank (none where it is not a member)."""
+        comms = self.group.communicators() if self.group is not None else []
+        if self.negotiator is not None:
+            comms.append(self.negotiator.comm)
+        return comms
 
     def close(self) -> None:
         if self.executor is not None:

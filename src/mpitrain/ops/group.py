@@ -122,6 +122,12 @@ class Group:
         """The byte buffer fused buckets are packed into."""
         return self.scratch("fusion", nbytes)
 
+    def communicators(self) -> list[Any]:
+        """Every communicator this group and its channels talk on (to revoke them all)."""
+        groups: list[Group] = self._state.get("channels", [self])
+        return [comm for g in groups for comm in (g.comms.world, g.comms.local, g.comms.cross,
+                                                  g.comms.machine)]
+
     def close(self) -> None:
         pool = self._state.pop("pool", None)
         if pool is not None:

@@ -1,0 +1,80 @@
+"""The elastic loop: run the user's training function, and after a failure roll back, rebuild
+the job over the survivors and go again (Horovod's ``run_fn`` / ``hvd.elastic.run``).
+
+One round: ``state.sync()`` (every rank takes rank 0's state), then ``func(state)``.  When a
+collective fails with :class:`HorovodInternalError` (a peer died, and with ULFM every survivor
+hears of it), each survivor restores its last commit, the job is rebuilt over the ranks still
+alive (:func:`mpitrain.session.rebuild`), the state's reset callbacks run with the new
+``size()``, and the next round begins.  A :class:`HostsUpdatedInterrupt` (raised by
+``commit()``) resets without a restore.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from .. import runtime, session
+from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from .state import State
+
+R = TypeVar("R")
+
+
+def rebuild_job() -> None:
+    """Rebuild the job over the ranks still alive, and say so on the new rank 0."""
+    started = time.monotonic()
+    before = runtime.size()
+    lost = session.rebuild()
+    if runtime.rank() == 0:
+        gone = f"lost world rank(s) {lost}; " if lost else ""
+        sys.stderr.write(f"mpitrain elastic: {gone}continuing on {runtime.size()} of {before} "
+                         f"ranks (rebuilt in {1e3 * (time.monotonic() - started):.0f} ms)\n")
+        sys.stderr.flush()
+
+
+def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R]:
+    """Wrap ``func(state, *args, **kwargs)`` in the elastic loop, with ``reset()`` rebuilding
+    the job between rounds."""
+
+    @functools.wraps(func)
+    def wrapper(state: State, *args: Any, **kwargs: Any) -> R:
+        if not isinstance(state, State):
+            raise TypeError(f"{getattr(func, '__name__', func)!r}: the first argument of an "
+                            f"elastic function must be an elastic State, not "
+                            f"{type(state).__name__}")
+        skip_sync = False
+        while True:
+            try:
+                if not skip_sync:
+                    state.sync()
+                return func(state, *args, **kwargs)
+            except HorovodInternalError:
+                state.restore()  # back to the last commit: the failed step may be half done
+                skip_sync = False
+            except HostsUpdatedInterrupt as interrupt:
+                skip_sync = interrupt.skip_sync
+            reset()
+            state.on_reset()
+
+    return wrapper
+
+
+def run(func: Callable[..., R]) -> Callable[..., R]:
+    """Decorate a training function so that it survives the loss of ranks.
+
+    ``func``'s first argument is an elastic :class:`State` (``TorchState``, ``ObjectState``);
+    every rank calls the decorated function with its own state.  Collectives belong inside
+    ``func``, not in the call that starts it: a rebuilt job re-enters ``func`` after syncing.
+
+    Warning:
+        Survivors continue in the same processes only where the MPI library has ULFM (Open
+        MPI 5: ``mpirun --with-ft ulfm``); elsewhere a dead rank still ends the job.
+    """
+    return run_fn(func, rebuild_job)
+
+
+__all__ = ["rebuild_job", "run", "run_fn"]

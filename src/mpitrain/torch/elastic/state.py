@@ -1,0 +1,172 @@
+"""TorchState: a model, an optimizer, samplers and plain values, committed in host memory and
+synchronised from rank 0 after a reset (Horovod's ``horovod.torch.elastic.state``).
+
+Each keyword argument whose type has a handler (module, optimizer, ElasticSampler) is tracked
+by that handler; the rest are plain values of :class:`~mpitrain.elastic.ObjectState`.  A
+commit deep-copies the state dicts (on the host for CPU tensors; a GPU tensor's copy stays on
+its device, as in Horovod), so it costs one copy of the model and optimizer per commit.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+
+from ...collectives import broadcast_object
+from ...elastic.state import ObjectState
+from ...runtime import rank
+from ..functions import broadcast_optimizer_state, broadcast_parameters
+from .sampler import ElasticSampler
+
+
+class StateHandler:
+    """Keeps one tracked value's last commit: ``save``, ``restore``, ``sync``."""
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def save(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement save()")
+
+    def restore(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement restore()")
+
+    def sync(self) -> None:
+        raise NotImplementedError(f"{type(self).__name__} must implement sync()")
+
+    def set_value(self, value: Any) -> None:
+        """Track ``value`` instead (an attribute assigned anew), committing it at once."""
+        self.value = value
+        self.save()
+
+
+class ModelStateHandler(StateHandler):
+    """A module's parameters and buffers."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model)
+        self._saved_model_state = copy.deepcopy(model.state_dict())
+
+    def save(self) -> None:
+        self._saved_model_state = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved_model_state)
+
+    def sync(self) -> None:
+        broadcast_parameters(self.value.state_dict(), root_rank=0)
+
+
+class OptimizerStateHandler(StateHandler):
+    """An optimizer's state (moments, step counts) and hyper-parameters."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+        super().__init__(optimizer)
+        self._saved_optimizer_state = copy.deepcopy(optimizer.state_dict())
+
+    def save(self) -> None:
+        self._saved_optimizer_state = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved_optimizer_state)
+
+    def sync(self) -> None:
+        broadcast_optimizer_state(self.value, root_rank=0)
+
+
+class SamplerStateHandler(StateHandler):
+    """An ElasticSampler's epoch and processed count (re-dealt over the ranks on load)."""
+
+    def __init__(self, sampler: ElasticSampler) -> None:
+        super().__init__(sampler)
+        self._saved_sampler_state = copy.deepcopy(sampler.state_dict())
+
+    def save(self) -> None:
+        self._saved_sampler_state = copy.deepcopy(self.value.state_dict())
+
+    def restore(self) -> None:
+        self.value.load_state_dict(self._saved_sampler_state)
+
+    def sync(self) -> None:
+        # Loading re-deals the remaining samples over today's ranks, on rank 0 too.
+        self.value.load_state_dict(broadcast_object(self.value.state_dict()))
+
+
+_handler_registry: list[tuple[type, type[StateHandler]]] = [
+    (torch.nn.Module, ModelStateHandler),
+    (torch.optim.Optimizer, OptimizerStateHandler),
+    (ElasticSampler, SamplerStateHandler),
+]
+
+
+def get_handler_registry() -> list[tuple[type, type[StateHandler]]]:
+    """The (type, handler class) pairs TorchState consults, first match wins."""
+    return _handler_registry
+
+
+def set_handler_registry(registry: list[tuple[type, type[StateHandler]]]) -> None:
+    """Replace the (type, handler class) pairs (e.g. to track a new kind of object)."""
+    global _handler_registry
+    _handler_registry = registry
+
+
+def _handlers_of(values: dict[str, Any]) -> tuple[dict[str, StateHandler], dict[str, Any]]:
+    """Split keyword values into handled ones and plain ones (None stays plain)."""
+    handlers: dict[str, StateHandler] = {}
+    plain: dict[str, Any] = {}
+    for name, value in values.items():
+        handler_cls = next((h for t, h in _handler_registry if isinstance(value, t)), None)
+        if handler_cls is None:
+            plain[name] = value
+        else:
+            handlers[name] = handler_cls(value)
+    return handlers, plain
+
+
+class TorchState(ObjectState):
+    """The state of a PyTorch training process, for :func:`mpitrain.elastic.run`.
+
+    Args:
+        model: a module whose parameters and buffers are tracked (optional).
+        optimizer: an optimizer whose state is tracked (optional).
+        **kwargs: more values, each an attribute of the state: modules, optimizers and
+            ElasticSamplers get their handlers, anything else is a plain picklable value.
+
+    ``commit()`` copies everything; ``restore()`` loads the copies back; ``sync()``
+    broadcasts models, optimizer states, samplers and values from rank 0 (collective).
+    """
+
+    def __init__(self, model: torch.nn.Module | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, **kwargs: Any) -> None:
+        kwargs.update(model=model, optimizer=optimizer)
+        self._handlers, plain = _handlers_of(kwargs)
+        for name, handler in self._handlers.items():
+            setattr(self, name, handler.value)
+        super().__init__(bcast_object=broadcast_object, get_rank=rank, **plain)
+
+    def save(self) -> None:
+        for handler in self._handlers.values():
+            handler.save()
+        super().save()
+
+    def restore(self) -> None:
+        for handler in self._handlers.values():
+            handler.restore()
+        super().restore()
+
+    def sync(self) -> None:
+        for handler in self._handlers.values():
+            handler.sync()
+        super().sync()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        # Assigning a new model or optimizer to a tracked name tracks (and commits) the new one.
+        if name != "_handlers" and name in getattr(self, "_handlers", {}) and hasattr(self, name):
+            self._handlers[name].set_value(value)
+        super().__setattr__(name, value)
+
+
+__all__ = ["ModelStateHandler", "OptimizerStateHandler", "SamplerStateHandler", "StateHandler",
+           "TorchState", "get_handler_registry", "set_handler_registry"]

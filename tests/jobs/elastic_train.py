@@ -1,0 +1,125 @@
+"""An elastic training job for tests/jobs/test_elastic.py: a small regression trained under
+``hvd.elastic.run``, with an exit schedule, writing one JSON log per (original) rank.
+
+    mpirun --with-ft ulfm -np 3 python elastic_train.py LOGDIR '{"1": [0, 3]}'
+
+The schedule maps an original rank to ``[epoch, batch]``: that rank SIGKILLs itself before
+that batch's forward pass (so every rank has committed the batch before it); with
+``[epoch, batch, "backward"]`` it dies when its first layer's gradient is computed, the last
+of the backward pass, while the other gradients are in flight; with ``"rebuild"`` it dies in
+the first rebuild, right after the survivors' shrink (a manual probe: the survivors recover,
+but Open MPI 5.0.11's MPI_Finalize then sometimes hangs, see test_elastic.py).  Every rank logs,
+after each commit, the batch's sample indices; a dying rank its time of death; a survivor
+the time its first step after each reset was committed (recovery = that minus the death);
+and at the end the sizes it saw after each reset, its resets and a digest of the final
+parameters.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import hashlib
+import json
+import os
+import signal
+import sys
+import time
+
+import torch
+from mpi4py import MPI
+
+import mpitrain.torch as hvd
+from mpitrain import survivors
+
+EPOCHS, BATCH, SAMPLES, FEATURES = 3, 4, 96, 8
+
+
+def main() -> None:
+    # A hang prints every thread's stack and ends this rank, well before the test's timeout.
+    faulthandler.dump_traceback_later(float(os.environ.get("ELASTIC_TRAIN_HANG_S", "60")),
+                                      exit=True)
+    logdir, schedule = sys.argv[1], json.loads(sys.argv[2])
+    original = MPI.COMM_WORLD.Get_rank()
+    die_at = schedule.get(str(original))
+    log: dict = {"rank": original, "batches": [], "resets": 0, "sizes": [], "recovered_at": []}
+    path = os.path.join(logdir, f"rank{original}.json")
+
+    def write_log() -> None:
+        with open(path + ".tmp", "w") as f:
+            json.dump(log, f)
+        os.replace(path + ".tmp", path)
+
+    hvd.init()
+    log["sizes"].append(hvd.size())
+    torch.manual_seed(0)
+    data = torch.randn(SAMPLES, FEATURES, generator=torch.Generator().manual_seed(1))
+    target = data @ torch.arange(FEATURES, dtype=torch.float32) + 0.5
+    dataset = torch.utils.data.TensorDataset(data, target, torch.arange(SAMPLES))
+    model = torch.nn.Linear(FEATURES, 1)
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                         named_parameters=model.named_parameters())
+    sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
+    state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
+
+    def die() -> None:
+        log["died_at"] = time.time()  # wall clock: compared with the survivors' on this machine
+        write_log()
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    def on_reset() -> None:
+        log["resets"] += 1
+        log["sizes"].append(hvd.size())
+
+    state.register_reset_callbacks([on_reset])
+    if die_at == "rebuild":
+        # Die inside the first rebuild, once the survivors have shrunk: they must notice in
+        # their init() and shrink again.
+        shrink = survivors.shrink
+
+        def shrink_then_die(comm):
+            shrink(comm)
+            die()
+
+        survivors.shrink = shrink_then_die
+
+    @hvd.elastic.run
+    def train(state: hvd.elastic.TorchState) -> float:
+        loss = torch.tensor(0.0)
+        while state.epoch < EPOCHS:
+            loader = torch.utils.data.DataLoader(dataset, batch_size=BATCH,
+                                                 sampler=state.sampler)
+            for x, y, idx in loader:
+                if die_at == [state.epoch, state.batch]:
+                    die()
+                if die_at == [state.epoch, state.batch, "backward"]:
+                    # Die halfway through the backward pass: the gradients computed so far
+                    # are already being reduced by the other ranks' engines.
+                    next(model.parameters()).register_hook(lambda grad: die())
+                optimizer.zero_grad()
+                loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
+                loss.backward()
+                optimizer.step()
+                state.sampler.record_batch(state.batch, BATCH)
+                state.batch += 1
+                state.commit()
+                log["batches"].append([state.epoch, idx.tolist()])
+                if len(log["recovered_at"]) < log["resets"]:  # first step after a reset
+                    log["recovered_at"].append(time.time())
+                write_log()
+            # Counters and sampler move to the next epoch in one commit (Horovod's end_epoch).
+            state.epoch += 1
+            state.batch = 0
+            state.sampler.set_epoch(state.epoch)
+            state.commit()
+        return float(hvd.allreduce(loss.detach(), name="final_loss"))
+
+    log["final_loss"] = train(state)
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    log["params"] = hashlib.sha256(flat.numpy().tobytes()).hexdigest()
+    log["final_size"] = hvd.size()
+    write_log()
+    hvd.shutdown()
+
+
+if __name__ == "__main__":
+    main()

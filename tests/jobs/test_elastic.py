@@ -1,0 +1,112 @@
+"""Elastic training with ULFM: ranks SIGKILLed mid-training, survivors finish in place.
+
+Each case runs tests/jobs/elastic_train.py under ``mpirun --with-ft ulfm`` with an exit
+schedule (original rank -> [epoch, batch] at which it kills itself) and checks, from the
+per-rank JSON logs: the world sizes every survivor saw after each reset, the number of resets,
+identical final parameters on all survivors, a finite final loss, and that over every epoch
+the committed batches of all ranks (the dead ones' until they died) cover the dataset with no
+sample skipped, and none repeated beyond the padding of the epoch's last round.  A last test
+makes one rank's init() fail inside a rebuild: every rank must end with an error, none hang.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from support import has_ulfm, run_job
+
+pytestmark = pytest.mark.timeout(180)
+
+SCRIPT = Path(__file__).with_name("elastic_train.py")
+SAMPLES, EPOCHS = 96, 3  # as in elastic_train.py
+
+
+CASES = [
+    # np, schedule, sizes every survivor sees
+    pytest.param(3, {"1": [0, 3, "backward"]}, [3, 2], id="np3-one-killed-in-backward"),
+    pytest.param(4, {"0": [0, 2], "3": [1, 1]}, [4, 3, 2], id="np4-rank0-then-rank3-killed"),
+    # Not here: a rank killed inside the rebuild ({"2": "rebuild"}).  The survivors recover
+    # and finish the training, but in about 1 run of 5 the last survivor then hangs in
+    # MPI_Finalize (Open MPI 5.0.11, PMIx fence; gdb: ompi_mpi_finalize -> usleep), so it
+    # would make this test flaky.  The rebuild's failure path is tested without a death in
+    # test_a_rebuild_that_fails_without_a_death_raises_everywhere below.
+]
+
+
+@pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
+@pytest.mark.parametrize(("np_", "schedule", "sizes"), CASES)
+def test_survivors_finish_the_training(tmp_path, np_, schedule, sizes):
+    proc = run_job(np_, ["--with-ft", "ulfm", sys.executable, str(SCRIPT), str(tmp_path),
+                         json.dumps(schedule)], timeout=120)
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    logs = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    assert sorted(logs) == list(range(np_)), output
+    dead = {int(r) for r in schedule}
+    survivors = [logs[r] for r in range(np_) if r not in dead]
+    for log in survivors:
+        assert log["sizes"] == sizes, (log["rank"], log["sizes"])
+        assert log["resets"] == len(sizes) - 1
+        assert log["final_size"] == sizes[-1]
+        assert math.isfinite(log["final_loss"])
+    assert len({log["params"] for log in survivors}) == 1, "survivors' parameters differ"
+    assert len({log["final_loss"] for log in survivors}) == 1
+    reported = [int(r) for lost in re.findall(r"lost world rank\(s\) \[([\d, ]+)\]", proc.stderr)
+                for r in lost.split(",")]
+    assert sorted(reported) == sorted(dead), output
+    for r in dead:
+        assert "params" not in logs[r], f"rank {r} was to die but finished"
+    # Recovery: from the first death after the last recovery to the survivors' next committed
+    # step (reported; loosely bounded so a loaded CI machine passes; the aim is under 5 s).
+    deaths = sorted(logs[r]["died_at"] for r in dead)
+    seconds, since = [], 0.0
+    for reset in range(len(sizes) - 1):
+        recovered = max(log["recovered_at"][reset] for log in survivors)
+        seconds.append(round(recovered - min(d for d in deaths if d > since), 3))
+        since = recovered
+    print(f"recovery times (s): {seconds}")
+    assert all(0 < s < 30 for s in seconds), seconds
+    for epoch in range(EPOCHS):
+        seen = [i for log in logs.values() for e, batch in log["batches"] if e == epoch
+                for i in batch]
+        assert set(seen) == set(range(SAMPLES)), f"epoch {epoch} skipped samples"
+        # Repeats only as padding: fewer than one per rank of the epoch's last round.
+        assert len(seen) - SAMPLES < np_, f"epoch {epoch} repeated {len(seen) - SAMPLES}"
+
+
+FAILED_REBUILD = textwrap.dedent("""
+    import torch
+    import mpitrain as hvd
+
+    hvd.init()
+    if hvd.rank() == 1:
+        def broken_init(*args, **kwargs):
+            raise RuntimeError("injected init failure")
+
+        hvd.session.init = broken_init
+    try:
+        hvd.session.rebuild()
+    except Exception as exc:
+        print(type(exc).__name__, exc, flush=True)
+    assert not hvd.is_initialized()
+""")
+
+
+@pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
+def test_a_rebuild_that_fails_without_a_death_raises_everywhere():
+    # Rank 1's init() fails (no rank died): rank 0, waiting in the Dup that starts its own
+    # init(), is released by rank 1's revoke; the survivors agree the attempt failed, find
+    # that nobody died, and each raises (the cause on rank 1) instead of retrying forever.
+    proc = run_job(2, ["--with-ft", "ulfm", sys.executable, "-c", FAILED_REBUILD], timeout=90)
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    assert "RuntimeError injected init failure" in proc.stdout, output
+    assert "MpitrainInternalError rebuilding the job over the survivors failed on another " \
+           "rank" in proc.stdout, output

@@ -1,0 +1,96 @@
+"""Horovod 0.28.1's own elastic example, unchanged, on mpitrain with ULFM: a rank killed from
+outside mid-benchmark, the survivors finish.
+
+``examples/elastic/pytorch/pytorch_synthetic_benchmark_elastic.py`` (``hvd.elastic.run``,
+``TorchState`` with plain values, a reset callback rescaling the learning rate) runs with
+``tests/horovod_shim`` on ``PYTHONPATH`` (``import horovod.torch as hvd`` is
+``mpitrain.torch``; ``tiny_cnn`` stands in for torchvision's models) under
+``mpirun --with-ft ulfm -np 3``.  Once it reports its third benchmark iteration, the test
+SIGKILLs world rank 0 (the rank that prints): the new rank 0 must finish and report the total
+over 2 CPUs.
+
+As for the Adasum examples, point ``MPITRAIN_HOROVOD_EXAMPLES`` at the ``examples`` directory
+of a Horovod 0.28.1 checkout; without it the test skips.  About 15 s on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from support import ROOT, job_env, mpirun_command
+
+EXAMPLES = os.environ.get("MPITRAIN_HOROVOD_EXAMPLES", "")
+SCRIPT = Path(EXAMPLES, "elastic", "pytorch", "pytorch_synthetic_benchmark_elastic.py")
+SHIM = ROOT / "tests" / "horovod_shim"
+
+pytestmark = [
+    pytest.mark.skipif(not (EXAMPLES and SCRIPT.is_file()),
+                       reason="set MPITRAIN_HOROVOD_EXAMPLES to a Horovod 0.28.1 examples/ "
+                              "directory"),
+    pytest.mark.timeout(200),
+]
+
+
+def _world_rank_pid(root: int, rank: int) -> int | None:
+    """The pid of the process below ``root`` whose MPI world rank is ``rank``."""
+    children: dict[int, list[int]] = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                children.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(
+                    int(entry))
+        except OSError:
+            continue
+    todo = [root]
+    while todo:
+        for pid in children.get(todo.pop(), []):
+            todo.append(pid)
+            try:
+                with open(f"/proc/{pid}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    cmdline = f.read()
+            except OSError:
+                continue
+            if f"OMPI_COMM_WORLD_RANK={rank}".encode() in env and b"python" in cmdline:
+                return pid
+    return None
+
+
+def test_synthetic_benchmark_survives_losing_rank_0():
+    path = os.pathsep.join(str(p) for p in (ROOT / "src", SHIM, SHIM / "torchvision_stub"))
+    cmd = mpirun_command(3, ["--with-ft", "ulfm", sys.executable, str(SCRIPT),
+                             "--model", "tiny_cnn", "--batch-size", "4",
+                             "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
+                             "--num-iters", "30"])
+    proc = subprocess.Popen(cmd, env=job_env({"PYTHONPATH": path}), cwd=ROOT, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watchdog = threading.Timer(150, proc.kill)  # a hang fails the test instead of blocking it
+    watchdog.start()
+    lines: list[str] = []
+    killed = None
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if killed is None and line.startswith("Iter #2:"):
+                killed = _world_rank_pid(proc.pid, 0)
+                assert killed is not None, "world rank 0 not found below mpirun"
+                os.kill(killed, signal.SIGKILL)
+        err = proc.stderr.read() if proc.stderr else ""
+        proc.wait()
+    finally:
+        watchdog.cancel()
+    out = "".join(lines)
+    report = f"stdout:\n{out[-3000:]}\nstderr:\n{err[-5000:]}"
+    assert killed is not None, report
+    assert proc.returncode == 0, report
+    assert "lost world rank(s) [0]; continuing on 2 of 3 ranks" in err, report
+    assert "Total img/sec on 2 CPU(s):" in out, report
