@@ -11,8 +11,12 @@ Three patterns, each on tiny tensors (4 float32) so that only overhead is measur
 * sync:    N allreduce calls one at a time (each waits for the previous);
 * grouped: N tensors as grouped_allreduce calls of 100 tensors each;
 
-and mpi4py's ``comm.Allreduce`` on the same tiny buffer, N times.  Medians of several repeats,
-in microseconds per tensor.  Rank 0 prints the table.
+and mpi4py's ``comm.Allreduce`` on the same tiny buffer, N times.  When ``horovod.torch``
+imports (an environment built by ``benchmarks/horovod_peer.sh``), Horovod's engine runs the
+same three patterns in the same job, as the live peer.  Medians of several repeats, in
+microseconds per tensor.  Rank 0 prints the table::
+
+    .venv-horovod/bin/mpirun -np 2 .venv-horovod/bin/python benchmarks/engine_overhead.py
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -36,6 +41,32 @@ def _timed(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+def horovod_patterns(tensors: list[torch.Tensor]) -> list[tuple[str, Callable[[], None]]]:
+    """The same patterns on Horovod's engine, when horovod.torch imports; else none."""
+    try:
+        import horovod.torch as horovod
+    except Exception:  # noqa: BLE001 - absent or broken: just not measured
+        return []
+    horovod.init()
+    n = len(tensors)
+
+    def run_async() -> None:
+        handles = [horovod.allreduce_async(t, name=f"h.{i}") for i, t in enumerate(tensors)]
+        for h in handles:
+            horovod.synchronize(h)
+
+    def run_sync() -> None:
+        for i, t in enumerate(tensors):
+            horovod.allreduce(t, name=f"h.{i}")
+
+    def run_grouped() -> None:
+        for g in range(0, n, 100):
+            horovod.grouped_allreduce(tensors[g:g + 100], name=f"hgroup.{g}")
+
+    return [("Horovod 0.28 async", run_async), ("Horovod 0.28 sync", run_sync),
+            ("Horovod 0.28 grouped (100 per call)", run_grouped)]
 
 
 def main() -> None:
@@ -68,11 +99,13 @@ def main() -> None:
         for _ in range(n):
             comm.Allreduce(buf, out)
 
+    patterns = [("async (submit all, then synchronize)", run_async),
+                 ("sync (one at a time)", run_sync),
+                 ("grouped (100 per call)", run_grouped)]
+    patterns += horovod_patterns(tensors)
+    patterns.append(("mpi4py Allreduce (one at a time)", run_mpi))
     rows = []
-    for label, fn in (("async (submit all, then synchronize)", run_async),
-                      ("sync (one at a time)", run_sync),
-                      ("grouped (100 per call)", run_grouped),
-                      ("mpi4py Allreduce (one at a time)", run_mpi)):
+    for label, fn in patterns:
         fn()  # warm-up: negotiation caches, numba compilation
         rows.append((label, _timed(fn, args.repeats) / n * 1e6))
     stats = hvd.session.engine().stats()
