@@ -25,6 +25,7 @@ import argparse
 import statistics
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -43,30 +44,37 @@ def _timed(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def horovod_patterns(tensors: list[torch.Tensor]) -> list[tuple[str, Callable[[], None]]]:
-    """The same patterns on Horovod's engine, when horovod.torch imports; else none."""
-    try:
-        import horovod.torch as horovod
-    except Exception:  # noqa: BLE001 - absent or broken: just not measured
-        return []
-    horovod.init()
+def patterns(api: Any, label: str,
+             tensors: list[torch.Tensor]) -> list[tuple[str, Callable[[], None]]]:
+    """The three patterns on ``api``: mpitrain, or horovod.torch (the same calls, by design)."""
     n = len(tensors)
 
     def run_async() -> None:
-        handles = [horovod.allreduce_async(t, name=f"h.{i}") for i, t in enumerate(tensors)]
+        handles = [api.allreduce_async(t, name=f"t.{i}") for i, t in enumerate(tensors)]
         for h in handles:
-            horovod.synchronize(h)
+            api.synchronize(h)
 
     def run_sync() -> None:
         for i, t in enumerate(tensors):
-            horovod.allreduce(t, name=f"h.{i}")
+            api.allreduce(t, name=f"t.{i}")
 
     def run_grouped() -> None:
         for g in range(0, n, 100):
-            horovod.grouped_allreduce(tensors[g:g + 100], name=f"hgroup.{g}")
+            api.grouped_allreduce(tensors[g:g + 100], name=f"group.{g}")
 
-    return [("Horovod 0.28 async", run_async), ("Horovod 0.28 sync", run_sync),
-            ("Horovod 0.28 grouped (100 per call)", run_grouped)]
+    return [(f"{label}async (submit all, then synchronize)", run_async),
+            (f"{label}sync (one at a time)", run_sync),
+            (f"{label}grouped (100 per call)", run_grouped)]
+
+
+def horovod() -> Any:
+    """horovod.torch, initialised, when it imports (benchmarks/horovod_peer.sh); else None."""
+    try:
+        import horovod.torch as peer
+    except Exception:  # noqa: BLE001 - absent or broken: just not measured
+        return None
+    peer.init()
+    return peer
 
 
 def main() -> None:
@@ -78,19 +86,6 @@ def main() -> None:
     n = args.ops
     tensors = [torch.full((4,), float(i)) for i in range(n)]
 
-    def run_async() -> None:
-        handles = [hvd.allreduce_async(t, name=f"t.{i}") for i, t in enumerate(tensors)]
-        for h in handles:
-            hvd.synchronize(h)
-
-    def run_sync() -> None:
-        for i, t in enumerate(tensors):
-            hvd.allreduce(t, name=f"t.{i}")
-
-    def run_grouped() -> None:
-        for g in range(0, n, 100):
-            hvd.grouped_allreduce(tensors[g:g + 100], name=f"group.{g}")
-
     buf = np.ones(4, dtype=np.float32)
     out = np.empty_like(buf)
     comm = MPI.COMM_WORLD.Dup()
@@ -99,13 +94,13 @@ def main() -> None:
         for _ in range(n):
             comm.Allreduce(buf, out)
 
-    patterns = [("async (submit all, then synchronize)", run_async),
-                 ("sync (one at a time)", run_sync),
-                 ("grouped (100 per call)", run_grouped)]
-    patterns += horovod_patterns(tensors)
-    patterns.append(("mpi4py Allreduce (one at a time)", run_mpi))
+    runs = patterns(hvd, "", tensors)
+    peer = horovod()
+    if peer is not None:
+        runs += patterns(peer, "Horovod 0.28 ", tensors)
+    runs.append(("mpi4py Allreduce (one at a time)", run_mpi))
     rows = []
-    for label, fn in patterns:
+    for label, fn in runs:
         fn()  # warm-up: negotiation caches, numba compilation
         rows.append((label, _timed(fn, args.repeats) / n * 1e6))
     stats = hvd.session.engine().stats()
@@ -114,7 +109,7 @@ def main() -> None:
               f"{args.repeats}")
         mpi_us = rows[-1][1]
         for label, us in rows:
-            print(f"  {label:40s} {us:8.1f} us/tensor   {us / mpi_us:6.1f}x mpi4py")
+            print(f"  {label:52s} {us:8.1f} us/tensor   {us / mpi_us:6.1f}x mpi4py")
         print(f"  engine counters: {stats}")
     comm.Free()
     hvd.shutdown()
