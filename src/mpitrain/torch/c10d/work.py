@@ -15,6 +15,7 @@ chains callbacks on the future).  Something must therefore complete futures on i
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import threading
 import time
@@ -27,6 +28,8 @@ import torch.distributed as dist
 from ...errors import MpitrainInternalError
 
 _MAX_SLEEP_S = 1e-3
+# At exit, how long the thread may go on finishing Works handed to it before it is left behind.
+_STOP_TIMEOUT_S = 5.0
 
 
 def _seconds(timeout: Any) -> float | None:
@@ -140,6 +143,7 @@ class Progress:
         self._ready: list[Work] = []
         self._new_polls: list[Work] = []
         self._thread: threading.Thread | None = None
+        self._stopping = False
 
     def ready(self, work: Work) -> None:
         """``work``'s transport is done: finish it soon.  Callable from any thread."""
@@ -160,6 +164,21 @@ class Progress:
             self._thread = threading.Thread(target=self._run, name=f"mpitrain-c10d-{self._name}",
                                              daemon=True)
             self._thread.start()
+            atexit.register(self.stop)
+
+    def stop(self, timeout: float = _STOP_TIMEOUT_S) -> None:
+        """Finish the Works already handed over, then end the thread (registered at exit).
+
+        A daemon thread still running at the interpreter's finalization is ended by
+        ``pthread_exit``; caught inside torch (completing a Work's future) that aborts the
+        whole process (seen once in CI: "signal 6" after the training had finished).
+        """
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     def _run(self) -> None:
         polling: list[Work] = []
@@ -167,6 +186,8 @@ class Progress:
         while True:
             with self._cond:
                 if not self._ready and not self._new_polls:
+                    if self._stopping and not polling:
+                        return
                     self._cond.wait(sleep if polling else None)
                 ready, self._ready = self._ready, []
                 polling.extend(self._new_polls)
