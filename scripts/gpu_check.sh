@@ -3,23 +3,24 @@
 #
 #   bash scripts/gpu_check.sh                 # everything; logs, tables, JSON in ./gpu_check
 #   WHEELS=.whl bash scripts/gpu_check.sh     # offline: mpi4py + Open MPI from carried wheels
-#   bash scripts/gpu_check.sh tests bench     # some parts only: tests, bench, train
+#   bash scripts/gpu_check.sh probe tests     # some parts only: probe, tests, bench, train
 #
 # With $OUT set (the lent GPU machine's result folder), everything is also packed into
 # $OUT/gpu_check.tgz after every step, so that a run cut short still brings its logs back.
 #
 # 1. environment report (nvidia-smi, torch/cupy/numba versions, MPI's CUDA awareness);
-# 2. scripts/gpu_ipc_probe.py at 2 ranks (also under compute-sanitizer): each primitive of the
-#    multi-rank path alone, to name the one that fails; then the GPU test suite at 1, 2 and 4 ranks sharing the GPU, with 2 streams, forced host
+# 2. probe: scripts/gpu_ipc_probe.py, each primitive of the multi-rank path in its own 2-rank
+#    job, then compute-sanitizer on the first that fails, to name the kernel and address;
+# 3. tests: the GPU test suite at 1, 2 and 4 ranks sharing the GPU, with 2 streams, forced host
 #    staging and an emulated 2x2 topology (tests/test_gpu_suites.py), plus the GPU tests of
 #    SyncBatchNorm and the DDP drop-in in the MPI suites, all with MPITRAIN_TEST_REQUIRE_GPU=1
 #    so that a missing GPU fails instead of skipping;
-# 3. scripts/gpu_cnn_check.py: a CNN with DistributedOptimizer + SyncBatchNorm, CUDA == CPU,
+#    scripts/gpu_cnn_check.py: a CNN with DistributedOptimizer + SyncBatchNorm, CUDA == CPU,
 #    at 2 and 4 ranks;
-# 4. benchmarks/gpu_allreduce.py: kernel throughput as a fraction of the device copy bandwidth
+# 4. bench: benchmarks/gpu_allreduce.py: kernel throughput as a fraction of the device copy bandwidth
 #    (1 MiB .. 1 GiB), allreduce algbw/busbw at 2 and 4 ranks beside host staging, and with
 #    1, 2 and 4 streams;
-# 5. training throughput on the GPU: the synthetic CNN benchmark and BERT-base with mpitrain
+# 5. train: training throughput on the GPU: the synthetic CNN benchmark and BERT-base with mpitrain
 #    beside torch DDP over NCCL at 1 rank (NCCL refuses two ranks on one GPU), mpitrain at 2.
 #
 # The machine needs torch with CUDA, cupy and numba (numba-cuda) installed; this script makes
@@ -39,9 +40,10 @@ RESULTS=${RESULTS:-$PWD/gpu_check}
 mkdir -p "$RESULTS"
 VENV=${VENV:-.venv-gpu}
 STEP_TIMEOUT=${STEP_TIMEOUT:-240}
-PARTS=${*:-tests bench train}
+PARTS=${*:-probe tests bench train}
 for part in $PARTS; do
-    case $part in tests|bench|train) ;; *) echo "unknown part '$part': tests, bench, train"; exit 2;; esac
+    case $part in probe|tests|bench|train) ;;
+        *) echo "unknown part '$part': probe, tests, bench, train"; exit 2;; esac
 done
 wants() { [[ " $PARTS " == *" $1 "* ]]; }
 if [ ! -x "$VENV/bin/python" ]; then
@@ -105,14 +107,52 @@ SYNTHETIC=("$PY" examples/pytorch/pytorch_synthetic_benchmark.py --device cuda -
 
 step nvidia_smi nvidia-smi
 step env "$PY" -c "$ENV_REPORT"
-if wants tests; then
-    # Bottom-up isolation of the multi-rank path (the H100 showed an illegal address there).
-    LIMIT=120 step ipc_probe env CUDA_LAUNCH_BLOCKING=1 "${MPIRUN[@]}" -np 2 "$PY" \
-        scripts/gpu_ipc_probe.py
-    if command -v compute-sanitizer > /dev/null; then
-        LIMIT=180 step ipc_probe_sanitizer "${MPIRUN[@]}" -np 2 compute-sanitizer \
-            --print-limit 5 "$PY" scripts/gpu_ipc_probe.py
+if wants probe; then
+    # Bottom-up isolation of the multi-rank path (the H100 showed an illegal address there):
+    # every step of scripts/gpu_ipc_probe.py in its own 2-rank job, all at once (a CUDA error
+    # poisons its process, not the others), with CUDA_LAUNCH_BLOCKING=1; the engine paths also
+    # without it (a race that blocking launches hide) and with host staging forced.
+    mkdir -p "$RESULTS/probe"
+    probe_job() {  # NAME ENV... -- ARGS...: one 2-rank job of the probe, logged to probe/NAME
+        local name=$1; shift
+        local envs=()
+        while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+        timeout -k 10 90 env "${envs[@]}" "${MPIRUN[@]}" -np 2 "$PY" scripts/gpu_ipc_probe.py \
+            "$@" > "$RESULTS/probe/$name.log" 2>&1
+        echo "exit $?" >> "$RESULTS/probe/$name.log"
+    }
+    started=$SECONDS
+    for s in $("$PY" scripts/gpu_ipc_probe.py --list | cut -d' ' -f1); do
+        probe_job "$s" CUDA_LAUNCH_BLOCKING=1 -- --step "$s" &
+    done
+    for s in dg_one dg_three torch torch_grouped; do
+        probe_job "$s-async" CUDA_LAUNCH_BLOCKING=0 -- --step "$s" &
+    done
+    for s in torch torch_grouped; do
+        probe_job "$s-staging" MPITRAIN_CUDA_AWARE_MPI=0 MPITRAIN_ALLREDUCE_ALGORITHM=mpi \
+            -- --step "$s" &
+    done
+    wait
+    grep -H "^exit" "$RESULTS/probe"/*.log | sed "s|$RESULTS/probe/||" | tee "$RESULTS/probe.txt"
+    summary+=("done   $((SECONDS - started))s probe (per step: probe.txt)")
+    # compute-sanitizer names the kernel and address of the first illegal access: run it on
+    # the lowest failing step (the public API when none failed).
+    sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer \
+        2>/dev/null | head -n 1)
+    first=torch
+    for s in $("$PY" scripts/gpu_ipc_probe.py --list | cut -d' ' -f1); do
+        grep -q "^exit 0" "$RESULTS/probe/$s.log" || { first=$s; break; }
+    done
+    if [ -n "$sanitizer" ]; then
+        LIMIT=240 step "sanitizer_$first" "${MPIRUN[@]}" -np 2 "$sanitizer" --print-limit 5 \
+            "$PY" scripts/gpu_ipc_probe.py --step "$first"
+    else
+        summary+=("skip   compute-sanitizer not found")
     fi
+    printf '%s\n' "${summary[@]}" > "$RESULTS/summary.txt"
+    if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_check.tgz" -C "$RESULTS" .; fi
+fi
+if wants tests; then
     # The six configurations of the GPU suite run three at a time (pytest-xdist, when there).
     parallel=()
     "$PY" -c "import xdist" 2>/dev/null && parallel=(-n 3)
