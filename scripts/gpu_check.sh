@@ -125,23 +125,23 @@ if wants probe; then
     for s in $("$PY" scripts/gpu_ipc_probe.py --list | cut -d' ' -f1); do
         probe_job "$s" CUDA_LAUNCH_BLOCKING=1 -- --step "$s" &
     done
-    for s in dg_one dg_three torch torch_grouped; do
+    for s in dg_one dg_three torch_one torch_grouped torch_sizes; do
         probe_job "$s-async" CUDA_LAUNCH_BLOCKING=0 -- --step "$s" &
     done
-    for s in torch torch_grouped; do
+    for s in torch_one torch_grouped torch_sizes; do
         probe_job "$s-staging" MPITRAIN_CUDA_AWARE_MPI=0 MPITRAIN_ALLREDUCE_ALGORITHM=mpi \
             -- --step "$s" &
     done
     wait
-    grep -H "^exit" "$RESULTS/probe"/*.log | sed "s|$RESULTS/probe/||" | tee "$RESULTS/probe.txt"
+    grep -a -H -o "exit [0-9]*$" "$RESULTS/probe"/*.log | sed "s|$RESULTS/probe/||" | tee "$RESULTS/probe.txt"
     summary+=("done   $((SECONDS - started))s probe (per step: probe.txt)")
     # compute-sanitizer names the kernel and address of the first illegal access: run it on
     # the lowest failing step (the public API when none failed).
     sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer \
         2>/dev/null | head -n 1)
-    first=torch
+    first=torch_one
     for s in $("$PY" scripts/gpu_ipc_probe.py --list | cut -d' ' -f1); do
-        grep -q "^exit 0" "$RESULTS/probe/$s.log" || { first=$s; break; }
+        grep -a -q "exit 0$" "$RESULTS/probe/$s.log" || { first=$s; break; }
     done
     if [ -n "$sanitizer" ]; then
         LIMIT=240 step "sanitizer_$first" "${MPIRUN[@]}" -np 2 "$sanitizer" --print-limit 5 \

@@ -200,7 +200,7 @@ class Probe:
         """DeviceGroup.allreduce over IPC from another thread, as the engine runs it."""
         self._in_thread(self.dg_three)
 
-    def torch(self) -> None:
+    def torch_one(self) -> None:
         """hvd.allreduce_ of a torch tensor (the engine, its thread, the chosen transport)."""
         torch = self.torch
         x = torch.full((N,), float(self.rank + 1), device="cuda")
@@ -218,9 +218,34 @@ class Probe:
             assert bool(torch.all(x == self.expected_sum())), f"got {x[:4]}"
 
 
+    def torch_repeat(self) -> None:
+        """The same torch tensor allreduced ten times (cached packer, window reused)."""
+        torch = self.torch
+        x = torch.ones(N, device="cuda")
+        for i in range(10):
+            hvd.allreduce_(x, op=hvd.Sum, name="probe_repeat")
+            torch.cuda.synchronize()
+            want = float(self.size) ** (i + 1)
+            assert bool(torch.all(x == want)), f"round {i}: got {x[:4]}, want {want}"
+
+    def torch_sizes(self) -> None:
+        """1, 4, 16, 64 MiB, three times each, memory returned between sizes (the window
+        grows; the allocator hands addresses out again), as benchmarks/gpu_allreduce.py."""
+        torch = self.torch
+        for mib in (1, 4, 16, 64):
+            x = torch.full((mib << 18,), float(self.rank + 1), device="cuda")
+            for _ in range(3):
+                y = x.clone()
+                hvd.allreduce_(y, op=hvd.Sum, name=f"probe_sizes.{mib}")
+                torch.cuda.synchronize()
+                assert bool(torch.all(y == self.expected_sum())), f"{mib} MiB: got {y[:4]}"
+            del x, y
+            torch.cuda.empty_cache()
+
+
 STEPS = ["peer_read", "peer_memcpy", "peer_cupy_kernel", "own_numba", "peer_numba",
          "own_numba_thread", "peer_numba_thread", "pack", "dg_one", "dg_three", "dg_staging",
-         "dg_thread", "torch", "torch_grouped"]
+         "dg_thread", "torch_one", "torch_grouped", "torch_repeat", "torch_sizes"]
 
 
 def main() -> int:

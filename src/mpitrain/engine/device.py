@@ -71,7 +71,13 @@ def mark_ready(stream_pointers: Sequence[int]) -> list[tuple[Any, Any]]:
 def to_device(array: Any) -> Any:
     """A cupy view of a device array; a host array (a joined rank's zeros) is uploaded."""
     cupy = require("a collective on CUDA tensors")
-    return cupy.asarray(array)
+    if hasattr(array, "__cuda_array_interface__"):
+        return cupy.asarray(array)
+    uploaded = cupy.asarray(array)
+    # Uploaded on this thread's current stream; the data plane reads it on its own streams,
+    # which are not ordered after that one: wait for the copy to land.
+    cupy.cuda.get_current_stream().synchronize()
+    return uploaded
 
 
 def to_host(array: Any) -> np.ndarray:

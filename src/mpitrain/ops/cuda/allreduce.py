@@ -113,11 +113,25 @@ class DeviceGroup:
                     yield
 
     # ---------------------------------------------------------------------- buffers
+    def _idle(self) -> None:
+        """Wait until this device has no work pending, before a cached buffer is replaced.
+
+        The buffers below are used on the channels' streams, but allocated and freed on this
+        thread's (cupy's pool hands freed memory to the next allocation on the freeing
+        thread's stream at once, and CUDA IPC peers map the window): replacing one while a
+        kernel or copy still uses it would hand that memory to someone else underneath it.
+        Buffers only grow, so this happens a few times per job.
+        """
+        self.cupy.cuda.runtime.deviceSynchronize()
+
     def _fusion_buffer(self, nbytes: int) -> Any:
         if self.window is not None:
+            if nbytes > self.window.capacity:
+                self._idle()
             self.window.ensure(nbytes)
             return self.window.runtime.view(self.window.own, np.dtype(np.uint8), 0, nbytes)
         if self._fusion is None or self._fusion.nbytes < nbytes:
+            self._idle()
             self._fusion = self.cupy.empty(max(nbytes, 1 << 20), dtype=np.uint8)
         return self._fusion[:nbytes]
 
@@ -126,6 +140,8 @@ class DeviceGroup:
         with self._lock:
             buf = self._scratch.get(key)
             if buf is None or buf.size < count:
+                if buf is not None:
+                    self._idle()
                 buf = self.cupy.empty(max(count, 1 << 18), dtype=dtype)
                 self._scratch[key] = buf
         return buf[:count]
@@ -134,6 +150,8 @@ class DeviceGroup:
         with self._lock:
             hosts = self._pinned.get(channel.index)
             if hosts is None or hosts[0].nbytes < nbytes:
+                if hosts is not None:
+                    self._idle()
                 hosts = [self.cupyx.empty_pinned((nbytes,), dtype=np.uint8) for _ in range(2)]
                 self._pinned[channel.index] = hosts
         return hosts
@@ -302,6 +320,7 @@ class DeviceGroup:
         packer = self._packers.get(key)
         if packer is None:
             if len(self._packers) > 256:  # layouts change (new tensors): keep the cache small
+                self._idle()  # a dropped packer's tables may still be read by a kernel
                 self._packers.clear()
             packer = Packer(addresses, nbytes, int(fused.data.ptr))
             self._packers[key] = packer

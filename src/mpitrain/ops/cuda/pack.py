@@ -139,6 +139,12 @@ class Packer:
         self.blocks = max(1, min(MAX_BLOCKS, self.chunks))
         self._table = cupy.asarray(table.reshape(-1))
         self._pointers = cupy.asarray(np.asarray(addresses, dtype=np.uint64))
+        # The uploads ran on this thread's current stream, from pageable memory: the call
+        # returns once the bytes are staged, not when they reach the device, and the kernel
+        # runs on another (non-blocking) stream that is not ordered after this one.  Without
+        # this wait the kernel can read a half-written pointer table (on an H100: an illegal
+        # address, now and then, at the first bucket of each new layout).
+        cupy.cuda.get_current_stream().synchronize()
         self._fused_address = fused_address
 
     def _launch(self, fused: Any, unpack: bool, stream: Any) -> None:
