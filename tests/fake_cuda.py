@@ -12,7 +12,10 @@ is host memory, to run the GPU data plane end to end.  ``install_cupy()`` puts `
 ``cupyx`` modules in ``sys.modules`` before mpitrain looks for them.  Device pointers are real
 host addresses, so MPI reads "device" buffers directly (as a CUDA-aware MPI would),
 ``memcpyAsync`` is ``memmove``, and every enqueued operation runs at once (stream ordering is
-what the fake device above is for).  IPC memory is POSIX shared memory: ``ipcGetMemHandle``
+what the fake device above is for) with one exception that the GPU taught us: an upload from
+host memory (``asarray`` of a numpy array) stays *in flight* on the current stream until that
+stream (or the device) is synchronised, and the pack kernel refuses to read in-flight memory
+from another stream (on an H100 it read a half-written pointer table: an illegal address).  IPC memory is POSIX shared memory: ``ipcGetMemHandle``
 gives its name and ``ipcOpenMemHandle`` maps it in another process, so ranks really read each
 other's windows.  ``RawKernel`` runs the pack kernel through
 :func:`mpitrain.ops.cuda.pack.emulate`; numba kernels run in numba's CUDA simulator.  Only
@@ -233,7 +236,21 @@ def asarray(x):
         count = int(np.prod(cai["shape"]))
         return ndarray(_array=_at(cai["data"][0], count * dtype.itemsize).view(dtype)
                        .reshape(cai["shape"]))
-    return ndarray(_array=np.array(x))
+    uploaded = ndarray(_array=np.array(x))
+    # From pageable host memory the copy returns once the bytes are staged; the device has
+    # them only when the stream it ran on is synchronised (see the module docstring).
+    _in_flight[uploaded.a.ctypes.data] = _current_stream()
+    return uploaded
+
+
+# Uploads not yet known to have landed: address -> the stream they were enqueued on.
+_in_flight = {}
+_local = threading.local()
+
+
+def _current_stream():
+    stack = getattr(_local, "streams", None)
+    return stack[-1] if stack else Stream.null
 
 
 def asnumpy(x):
@@ -248,15 +265,20 @@ class Stream:
         self.ptr = next(_stream_ids) if ptr is None else ptr
 
     def synchronize(self):
-        pass
+        for address in [a for a, s in _in_flight.items() if s is self]:
+            del _in_flight[address]
 
     def wait_event(self, event):
         pass
 
     def __enter__(self):
+        if not hasattr(_local, "streams"):
+            _local.streams = []
+        _local.streams.append(self)
         return self
 
     def __exit__(self, *exc):
+        _local.streams.pop()
         return False
 
 
@@ -322,7 +344,7 @@ class _Runtime:
         return 0
 
     def deviceSynchronize(self):
-        pass  # the fake runs every operation when it is enqueued
+        _in_flight.clear()  # every other operation ran when it was enqueued
 
     def memcpyAsync(self, dst, src, nbytes, kind, stream):
         ctypes.memmove(dst, src, nbytes)
@@ -357,6 +379,12 @@ class RawKernel:
         from mpitrain.ops.cuda import pack
 
         pointers, table, chunks, fused, unpack = args
+        launch = _current_stream()
+        for name, array in (("pointer table", pointers), ("chunk table", table)):
+            upload = _in_flight.get(array.a.ctypes.data)
+            if upload is not None and upload is not launch:
+                raise RuntimeError(f"pack kernel on stream {launch.ptr} reads its {name} while "
+                                   f"its upload on stream {upload.ptr} may not have landed")
         rows = np.asarray(table).reshape(-1, 4)[:int(chunks)].copy()
         rows[:, 1:] *= self.unit  # to bytes
         ptrs = np.asarray(pointers)
@@ -373,7 +401,7 @@ def install_cupy():
     cuda = types.SimpleNamespace(
         Stream=Stream, ExternalStream=ExternalStream, Event=Event, Memory=Memory,
         UnownedMemory=UnownedMemory, MemoryPointer=MemoryPointer, runtime=_Runtime(),
-        Device=_Device, get_current_stream=lambda: Stream.null)
+        Device=_Device, get_current_stream=_current_stream)
     cupy = types.ModuleType("cupy")
     cupy.__dict__.update(ndarray=ndarray, empty=empty, asarray=asarray, asnumpy=asnumpy,
                          RawKernel=RawKernel, cuda=cuda, __version__="fake")

@@ -54,3 +54,44 @@ def test_bad_lengths_and_chunks_are_named():
         pack.chunk_table([3, -1])
     with pytest.raises(ValueError, match="chunk_units"):
         pack.chunk_table([3], 0)
+
+
+_UPLOAD_ORDER = """
+import sys
+import numpy as np
+sys.path.insert(0, {tests!r})
+import fake_cuda
+cupy = fake_cuda.install_cupy()
+from mpitrain.ops.cuda import pack
+if {skip_wait!r}:
+    cupy.cuda.get_current_stream = lambda: type("S", (), {{"synchronize": lambda self: None}})()
+arrays = [cupy.asarray(np.arange(n, dtype=np.float32)) for n in (5, 300, 7)]
+fused = cupy.empty(sum(a.nbytes for a in arrays), dtype=np.uint8)
+packer = pack.Packer([a.data.ptr for a in arrays], [a.nbytes for a in arrays], fused.data.ptr)
+cupy.cuda.runtime.deviceSynchronize = lambda: None  # only the packer's own wait may help
+for a in arrays:
+    fake_cuda._in_flight.pop(a.a.ctypes.data, None)  # the tensors are the framework's
+packer.pack(fused, cupy.cuda.Stream(non_blocking=True))
+want = np.concatenate([np.asarray(a) for a in arrays])
+assert np.array_equal(np.asarray(fused).view(np.float32), want)
+"""
+
+
+@pytest.mark.parametrize("skip_wait", [False, True], ids=["packer", "negative-control"])
+def test_the_tables_land_before_the_kernel_on_another_stream_reads_them(skip_wait):
+    """The H100 bug of 2026-11-26: the tables were uploaded on one stream and read by the
+    kernel on a non-blocking one with nothing ordering the two.  The fake cupy keeps a host
+    upload in flight until its stream is synchronised and makes the kernel refuse it; the
+    negative control takes the Packer's wait away and must fail."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = str(Path(__file__).resolve().parents[1])
+    code = _UPLOAD_ORDER.format(tests=tests, skip_wait=skip_wait)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120)
+    if skip_wait:
+        assert result.returncode != 0 and "may not have landed" in result.stderr, result.stderr
+    else:
+        assert result.returncode == 0, result.stderr
