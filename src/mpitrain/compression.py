@@ -3,15 +3,22 @@
 ``Compression.fp16`` and ``Compression.bf16`` halve the bytes of float32/float64 tensors;
 other dtypes pass through unchanged.  bfloat16 keeps float32's range (no overflow for large
 gradients) at a coarser precision; Horovod has no bf16 compressor.
+
+``Compression.powersgd(...)``, ``.topk(...)`` and ``.onebit()`` make stateful compressors with
+error feedback (:mod:`mpitrain.compressors`): objects, one per model, for
+``DistributedOptimizer`` and the DDP drop-in's ``register_comm_hook``.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+
+if TYPE_CHECKING:
+    from .compressors import OneBit, PowerSGD, TopK
 
 
 class Compressor(ABC):
@@ -92,8 +99,30 @@ class BF16Compressor(Compressor):
 
 
 class Compression:
-    """The compressors, by Horovod's names."""
+    """The compressors, by Horovod's names; the stateful ones are made by calling."""
 
     none = NoneCompressor
     fp16 = FP16Compressor
     bf16 = BF16Compressor
+
+    @staticmethod
+    def powersgd(rank: int = 1, start_iter: int = 1000, min_compression_rate: float = 2,
+                 use_error_feedback: bool = True, warm_start: bool = True,
+                 orthogonalization_epsilon: float = 0.0, seed: int = 0) -> PowerSGD:
+        """Low-rank compression, torch's ``powerSGD_hook`` step for step (see
+        :class:`mpitrain.compressors.PowerSGD`)."""
+        from .compressors import PowerSGD  # deferred: it uses collectives, which import this
+        return PowerSGD(rank, start_iter, min_compression_rate, use_error_feedback,
+                        warm_start, orthogonalization_epsilon, seed)
+
+    @staticmethod
+    def topk(ratio: float = 0.01) -> TopK:
+        """The ``ratio`` largest entries of each gradient, with error feedback."""
+        from .compressors import TopK  # deferred: it uses collectives, which import this
+        return TopK(ratio)
+
+    @staticmethod
+    def onebit() -> OneBit:
+        """Signs and one scale per gradient, with error feedback."""
+        from .compressors import OneBit  # deferred: it uses collectives, which import this
+        return OneBit()

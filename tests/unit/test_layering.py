@@ -6,7 +6,7 @@ Layers, bottom up (a module may import its own layer and the ones this table all
     data plane     mpitrain.ops: algorithms over plain buffers (no torch, no engine)
     engine         mpitrain.engine: requests, negotiation, fusion, buckets, the thread
     session        mpitrain.session: init/shutdown, the engine's life, process-set registration
-    front door     mpitrain.collectives (+ arrays, compression): the one way to the engine
+    front door     mpitrain.collectives (+ arrays, compression, compressors): the one way to the engine
     adapters       torch/, tensorflow/, kvstore/, the hvd face, ...
     tools          mpitrain.runner: the launcher, which starts no engine
 
@@ -27,7 +27,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 GROUND = {"_mpi", "adasum_layout", "binding", "config", "dtypes", "errors", "failure",
           "job_env", "launchers", "memory", "process_sets", "runtime", "survivors", "topology",
           "version"}
-FRONT_DOOR = {"collectives", "arrays", "compression"}
+FRONT_DOOR = {"collectives", "arrays", "compression", "compressors"}
 ADAPTERS = {"torch", "tensorflow", "kvstore", "mxnet", "files", "scopes", "_face", "info",
             "elastic"}
 

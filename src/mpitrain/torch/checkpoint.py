@@ -11,6 +11,9 @@ the keyword extras in one file (temporary file, fsync, rename, fsync of the dire
 the job mid-write leaves the previous checkpoint as it was).  Loading reads the file on rank 0
 only, broadcasts its bytes, and restores everything on every rank, each rank getting its own
 random states back, so a resumed run continues bit for bit as if it had never stopped.
+A stateful compressor (PowerSGD, top-k, 1-bit: error memories that differ between ranks) is
+saved per rank too: the optimizer's own (``DistributedOptimizer(compression=...)``) or the one
+given as ``compressor=`` (a DDP model's comm hook).
 The model is rank 0's: buffers that ranks keep for themselves (BatchNorm running statistics
 without SyncBatchNorm) come back as rank 0's on every rank.  A DataLoader draws from torch's
 global generator whenever an iteration starts; give it ``generator=torch.Generator()`` so that
@@ -80,6 +83,11 @@ def _restore_sampler(sampler: Any, state: dict[str, Any] | None) -> None:
         sampler.set_epoch(state["epoch"])
 
 
+def _compressor(optimizer: Any, compressor: Any) -> Any:
+    """The stateful compressor to save or restore: the one given, else the optimizer's."""
+    return compressor if compressor is not None else getattr(optimizer, "compressor", None)
+
+
 def checkpoint_glob(path: str | os.PathLike[str]) -> str:
     """The glob matching every file a path template names (``{step}`` -> ``*``)."""
     return _FIELD.sub("*", os.fspath(path))
@@ -118,7 +126,8 @@ def _prune(path: str, keep_last: int) -> None:
 
 def save_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module | None = None,
                     optimizer: torch.optim.Optimizer | None = None, sampler: Any = None,
-                    keep_last: int | None = None, **extra: Any) -> str:
+                    keep_last: int | None = None, compressor: Any = None,
+                    **extra: Any) -> str:
     """Write a checkpoint on rank 0, atomically; return the path written.
 
     Args:
@@ -128,6 +137,8 @@ def save_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module | None 
         sampler: records every rank's position (see :class:`DistributedSampler`), or the
             epoch of a torch ``DistributedSampler``.
         keep_last: afterwards keep only the newest ``keep_last`` files the template names.
+        compressor: a stateful compressor not owned by ``optimizer`` (a DDP comm hook's);
+            every rank's state is saved.
         **extra: anything picklable (epoch, step, metrics); returned by ``load_checkpoint``.
 
     Raises:
@@ -144,7 +155,9 @@ def save_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module | None 
     except (KeyError, IndexError) as exc:
         raise ValueError(f"checkpoint path {template!r} names {exc} which is not among the "
                          f"extras {sorted(extra)}") from None
-    mine = {"rng": _rng_state(), "sampler": _sampler_state(sampler)}
+    stateful = _compressor(optimizer, compressor)
+    mine = {"rng": _rng_state(), "sampler": _sampler_state(sampler),
+            "compressor": stateful.state_dict() if stateful is not None else None}
     ranks = allgather_object(mine)
     error = None
     if runtime.rank() == 0:
@@ -166,7 +179,8 @@ def save_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module | None 
 
 def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module | None = None,
                     optimizer: torch.optim.Optimizer | None = None, sampler: Any = None,
-                    restore_rng: bool = True, map_location: Any = "cpu") -> dict[str, Any]:
+                    restore_rng: bool = True, map_location: Any = "cpu",
+                    compressor: Any = None) -> dict[str, Any]:
     """Read a checkpoint on rank 0, broadcast it, restore it everywhere; return its extras.
 
     Args:
@@ -175,6 +189,7 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module | None 
         restore_rng: give every rank its saved random states back (each its own; with a
             different world size now, ranks beyond the saved ones keep theirs).
         map_location: passed to ``torch.load``.
+        compressor: a stateful compressor not owned by ``optimizer`` (as saved).
 
     Returns:
         The keyword extras of :func:`save_checkpoint` (epoch, step, ...), plus ``"path"``.
@@ -223,6 +238,17 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module | None 
                       "exactly", stacklevel=2)
     if sampler is not None:
         _restore_sampler(sampler, (mine or ranks[0])["sampler"])
+    stateful = _compressor(optimizer, compressor)
+    if stateful is not None:
+        # Decided alike on every rank (the file and world size are the same everywhere).
+        if len(ranks) != runtime.size():
+            raise ValueError(f"{found!r} was saved by {len(ranks)} ranks; its compressor's "
+                             f"per-rank error memory cannot be restored on {runtime.size()}")
+        saved = ranks[me].get("compressor")
+        if saved is None:
+            raise ValueError(f"{found!r} holds no compressor state (saved without a "
+                             "stateful compressor)")
+        stateful.load_state_dict(saved)
     if restore_rng and mine is not None:
         _set_rng_state(mine["rng"])
     return dict(ckpt["extra"], path=found)

@@ -22,6 +22,14 @@ seeing in-place requests lying back to back in one buffer, reduces the span wher
 the results need no copying back.  ``zero_grad()`` keeps torch's meaning (``set_to_none=False``
 zeroes the views in place).  ``shared_buckets=False`` reduces each ``p.grad`` where autograd put
 it (packed into the fusion buffer and unpacked by the engine).
+
+Stateful compression (``compression=hvd.Compression.powersgd(...)``, ``.topk(...)``,
+``.onebit()``, :mod:`mpitrain.compressors`): those compressors need every gradient at once (one
+low-rank factor exchange for all of them) and keep error memory between steps, so the hooks
+only accumulate and ``synchronize()`` hands all gradients to the compressor, which averages
+them in place.  Communication then starts after backward instead of overlapping it; the bytes
+it saves are what matters on the slow links these are for.  Their state is per rank:
+``hvd.save_checkpoint(optimizer=...)`` saves every rank's.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from .. import collectives
 from ..collectives import Handle
 from ..collectives.buckets import Bucket, gradient_buckets
 from ..compression import Compression, Compressor
+from ..compressors import GradientReducer
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of, size_of
 from . import adasum_optimizer
@@ -56,7 +65,8 @@ def _lives_in(grad: torch.Tensor, view: torch.Tensor) -> bool:
 class _DistributedOptimizer(GradientHooks):
     """Mixed in before the wrapped optimizer's class (see :func:`DistributedOptimizer`)."""
 
-    def __init__(self, params: Any, named_parameters: Any, compression: type[Compressor],
+    def __init__(self, params: Any, named_parameters: Any,
+                 compression: type[Compressor] | GradientReducer,
                  backward_passes_per_step: int, op: ReduceOp, gradient_predivide_factor: float,
                  groups: Any, sparse_as_dense: bool, process_set: ProcessSet,
                  shared_buckets: bool) -> None:
@@ -64,7 +74,11 @@ class _DistributedOptimizer(GradientHooks):
         all_params = [p for group in self.param_groups for p in group["params"]]
         self._names: dict[torch.Tensor, str] = parameter_names(self.param_groups,
                                                                named_parameters)
-        self._compression = compression
+        # A stateful compressor reduces everything at synchronize(); the stateless path
+        # (per-gradient requests from the hooks) then sends nothing itself.
+        self.compressor = (compression.bind(process_set)
+                           if isinstance(compression, GradientReducer) else None)
+        self._compression = Compression.none if self.compressor else compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -92,7 +106,7 @@ class _DistributedOptimizer(GradientHooks):
             self._make_groups(groups, all_params)
         if self._communicates:
             self._requires_update = [p for p in all_params if p.requires_grad]
-            if shared_buckets and compression is Compression.none:
+            if shared_buckets and self._compression is Compression.none:
                 self._build_buckets()
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                            for p in self._requires_update]
@@ -130,7 +144,7 @@ class _DistributedOptimizer(GradientHooks):
                 "locally.")
         self._adopt_view(p)
         self._delay[p] -= 1
-        if self._delay[p] > 0:
+        if self._delay[p] > 0 or self.compressor is not None:
             self._handles.setdefault(p, (None, None))
             return
         group = self._group_of.get(p)
@@ -214,6 +228,9 @@ class _DistributedOptimizer(GradientHooks):
         if not self._communicates:
             self._synchronized = True
             return
+        if self.compressor is not None:
+            self._synchronize_compressed()
+            return
         for p in self._requires_update:
             key = self._group_of.get(p, p)
             pending = self._handles.get(key)
@@ -237,6 +254,28 @@ class _DistributedOptimizer(GradientHooks):
                         self._write_back(p, out, c)
                 else:
                     self._write_back(key, outputs, ctx)
+            for p, sparse_dim in self._densified.items():
+                assert p.grad is not None
+                p.grad = p.grad.to_sparse(sparse_dim)
+        finally:
+            self._handles.clear()
+            self._densified.clear()
+            for p in self._delay:
+                self._delay[p] = self.backward_passes_per_step
+        self._synchronized = True
+
+    def _synchronize_compressed(self) -> None:
+        """Every gradient to the stateful compressor at once, in parameter order."""
+        assert self.compressor is not None
+        try:
+            grads = []
+            for p in self._requires_update:
+                g = self._grad_for_reduce(p)
+                if g.is_sparse:
+                    self._densified[p] = g.sparse_dim()
+                    g = p.grad = g.to_dense()
+                grads.append(g)
+            self.compressor.reduce(grads, key="optimizer")
             for p, sparse_dim in self._densified.items():
                 assert p.grad is not None
                 p.grad = p.grad.to_sparse(sparse_dim)
@@ -304,7 +343,7 @@ class _DistributedOptimizer(GradientHooks):
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                          named_parameters: Sequence[tuple[str, torch.Tensor]] | Any = None,
-                         compression: type[Compressor] = Compression.none,
+                         compression: type[Compressor] | GradientReducer = Compression.none,
                          backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
                          groups: Any = None, sparse_as_dense: bool = False,
@@ -319,7 +358,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
         optimizer: the torch optimizer to wrap.
         named_parameters: ``model.named_parameters()``; names the requests (must be unique
             and cover every parameter of the optimizer).  Without it, names are positional.
-        compression: ``Compression.none``, ``.fp16`` or ``.bf16``, for the wire.
+        compression: ``Compression.none``, ``.fp16`` or ``.bf16``, for the wire; or a
+            stateful compressor with error feedback, ``Compression.powersgd(...)``,
+            ``.topk(...)`` or ``.onebit()`` (op must be Average; see the module docstring).
         backward_passes_per_step: backward passes accumulated locally per reduction.
         op: ``Average`` (default) or ``Sum`` (also Min, Max, Product); ``Adasum`` switches
             to Horovod's delta optimizer (see :mod:`mpitrain.torch.adasum_optimizer`).
@@ -344,10 +385,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if isinstance(optimizer, (_DistributedOptimizer, adasum_optimizer.AdasumOptimizer)):
         raise ValueError("this optimizer is already a DistributedOptimizer; wrap the plain "
                          "optimizer once")
-    if not (isinstance(compression, type) and issubclass(compression, Compressor)):
-        raise TypeError(f"compression must be Compression.none, .fp16 or .bf16, got "
-                        f"{compression!r}")
+    stateful = isinstance(compression, GradientReducer)
+    if not (stateful or (isinstance(compression, type) and issubclass(compression, Compressor))):
+        raise TypeError(f"compression must be Compression.none, .fp16, .bf16, or a stateful "
+                        f"compressor such as Compression.powersgd(rank=4), got {compression!r}")
     reduce_op = collectives.resolve_op(op, None)
+    if stateful and reduce_op != ReduceOp.AVERAGE:
+        raise ValueError(f"{compression!r} averages gradients; it needs op=Average, got "
+                         f"op={reduce_op.name.title()}")
     passes = positive_int(backward_passes_per_step, "backward_passes_per_step")
     factor = collectives.scale_factor(gradient_predivide_factor, "gradient_predivide_factor")
     if factor <= 0:

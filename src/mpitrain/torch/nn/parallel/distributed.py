@@ -200,6 +200,18 @@ class DistributedDataParallel(nn.Module):
             self.reducer.prepare_for_backward(output)
         return output
 
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        """Reduce gradient buckets with ``hook`` instead of an averaged allreduce.
+
+        ``hook`` is a stateful compressor, ``model.register_comm_hook(None,
+        hvd.Compression.powersgd(rank=4, start_iter=10))`` (also ``.topk(...)``,
+        ``.onebit()``), or torch's kind, ``hook(state, bucket) -> torch.futures.Future``
+        (torch's ``powerSGD_hook`` with its ``PowerSGDState``, which needs torch's default
+        process group: ``dist.init_process_group("mpitrain")``).  Call it once, before the
+        first backward; hooked buckets are reduced at the end of backward.
+        """
+        self.reducer.register_comm_hook(state, hook)
+
     @contextlib.contextmanager
     def no_sync(self) -> Iterator[None]:
         """Accumulate gradients locally: forward/backward passes inside skip the reduction.

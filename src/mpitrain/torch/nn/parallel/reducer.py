@@ -19,6 +19,13 @@ torch), raised after the reduction so the other ranks are not left waiting.
 
 Within ``no_sync()`` hooks only note which parameters received gradients; the next synchronised
 backward reduces everything accumulated since.
+
+A communication hook (``register_comm_hook``) replaces the averaged allreduce of each bucket:
+a stateful compressor of :mod:`mpitrain.compressors` (PowerSGD, top-k, 1-bit) averages the
+bucket's gradients itself, or a torch hook (``hook(state, bucket) -> Future``, torch's own
+``powerSGD_hook`` among them, which talk to torch's default process group) gets a
+:class:`GradBucket` with torch's methods.  Hooked buckets are reduced at the end of backward,
+in bucket order, so that every rank makes the hook's collectives in the same order.
 """
 
 from __future__ import annotations
@@ -31,7 +38,35 @@ import torch
 from .... import arrays, collectives, runtime
 from ....collectives import Handle
 from ....collectives.buckets import Bucket, gradient_buckets
+from ....compressors import GradientReducer
 from ....process_sets import ProcessSet
+
+
+class GradBucket:
+    """torch.distributed.GradBucket's methods over one of the reducer's buckets."""
+
+    def __init__(self, bucket: Bucket, count: int) -> None:
+        self._bucket = bucket
+        self._count = count
+        self._buffer = bucket.flat[:bucket.numel]
+
+    def index(self) -> int:
+        return self._bucket.index
+
+    def buffer(self) -> torch.Tensor:
+        return self._buffer
+
+    def set_buffer(self, buffer: torch.Tensor) -> None:
+        self._buffer.copy_(buffer)
+
+    def gradients(self) -> list[torch.Tensor]:
+        return list(self._bucket.views)
+
+    def parameters(self) -> list[torch.Tensor]:
+        return list(self._bucket.params)
+
+    def is_last(self) -> bool:
+        return self._bucket.index == self._count - 1
 
 
 def _tensors_in(obj: Any) -> Iterable[torch.Tensor]:
@@ -91,6 +126,7 @@ class Reducer:
         self._armed = False  # a synchronised forward ran; its backward must reduce
         self._callback_queued = False
         self.submitted_in_backward = 0  # buckets sent from hooks, before backward ended
+        self._comm_hook: Any = None  # a GradientReducer, or torch's (state, hook) pair
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in params]
 
     # ------------------------------------------------------------------ forward side
@@ -149,7 +185,29 @@ class Reducer:
         if self._remaining[bucket.index] == 0:
             self._submit(bucket)
 
+    def register_comm_hook(self, state: Any, hook: Any) -> None:
+        """Reduce buckets with ``hook`` (see the module docstring); once, before training."""
+        if self._comm_hook is not None:
+            raise RuntimeError("register_comm_hook may only be called once")
+        if self._find_unused:
+            raise ValueError("communication hooks are not supported with "
+                             "find_unused_parameters=True in mpitrain's DistributedDataParallel")
+        if isinstance(hook, GradientReducer):
+            self._comm_hook = hook.bind(self._process_set)
+        elif callable(hook):
+            self._comm_hook = (state, hook)
+        else:
+            raise TypeError(f"hook must be a callable hook(state, bucket) -> Future or a "
+                            f"stateful compressor such as hvd.Compression.powersgd(), got "
+                            f"{hook!r}")
+
+    @property
+    def comm_hook(self) -> Any:
+        return self._comm_hook
+
     def _submit(self, bucket: Bucket) -> None:
+        if self._comm_hook is not None:
+            return  # reduced by the hook at the end of backward, in bucket order
         host = self._host[bucket.index]
         target = bucket.flat
         if host is not None:
@@ -178,12 +236,14 @@ class Reducer:
         try:
             for index in sorted(self._handles):
                 self._handles[index].wait()
+            if self._comm_hook is not None:
+                self._run_comm_hook()
         finally:
             self._handles = {}
             self._reset()
         for b in self.buckets:
             host = self._host[b.index]
-            if host is not None:
+            if host is not None and self._comm_hook is None:
                 b.flat.copy_(host)
             self._write_back(b)
         if self._locally_unused:
@@ -191,6 +251,20 @@ class Reducer:
                 f"DistributedDataParallel: parameters {self._locally_unused} received no "
                 "gradient in this iteration; pass find_unused_parameters=True if some "
                 "parameters are legitimately unused (their reduction completed on every rank)")
+
+    def _run_comm_hook(self) -> None:
+        count = len(self.buckets)
+        for b in self.buckets:
+            if isinstance(self._comm_hook, GradientReducer):
+                self._comm_hook.reduce(b.views, key=f"bucket{b.index}",
+                                       last=b.index == count - 1)
+                continue
+            state, hook = self._comm_hook
+            grad_bucket = GradBucket(b, count)
+            result = hook(state, grad_bucket).wait()
+            result = result[0] if isinstance(result, (list, tuple)) else result
+            if result.data_ptr() != grad_bucket.buffer().data_ptr():
+                grad_bucket.buffer().copy_(result)
 
     def _write_back(self, bucket: Bucket) -> None:
         flags = bucket.extra.tolist() if self._find_unused else None
@@ -217,4 +291,4 @@ class Reducer:
             hook.remove()
 
 
-__all__ = ["Reducer", "reachable_parameters"]
+__all__ = ["GradBucket", "Reducer", "reachable_parameters"]

@@ -1,0 +1,89 @@
+"""The interface of a stateful gradient compressor, and what every one of them shares."""
+
+from __future__ import annotations
+
+import itertools
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .. import collectives
+from ..process_sets import ProcessSet, global_process_set, size_of
+
+_instances = itertools.count()
+
+
+def compressible(tensor: torch.Tensor) -> bool:
+    """Whether a compressor may take ``tensor``: a dense floating-point tensor."""
+    return tensor.layout == torch.strided and tensor.dtype.is_floating_point
+
+
+class GradientReducer(ABC):
+    """Averages a list of gradients across a process set, in place, compressed on the wire.
+
+    ``reduce`` is collective: every rank of the process set calls it with tensors of the same
+    shapes and dtypes, in the same order, under the same ``key`` (one key per bucket of a DDP
+    model, one for a DistributedOptimizer).  State (error feedback, warm starts) is kept per
+    key and rank; :meth:`state_dict` returns this rank's, for checkpoints.
+    """
+
+    def __init__(self) -> None:
+        self._tag = f"compress{next(_instances)}"
+        self.process_set: ProcessSet = global_process_set
+        self.wire_bytes = 0  # bytes this rank put on the wire, summed over reduce() calls
+
+    # ---------------------------------------------------------------- the contract
+    @abstractmethod
+    def reduce(self, tensors: Sequence[torch.Tensor], key: str = "grads",
+               last: bool = True) -> None:
+        """Average ``tensors`` across the process set, in place.
+
+        Args:
+            key: names the bucket whose state (errors, factors) this call uses.
+            last: this is the last bucket of the step (PowerSGD counts steps on it).
+        """
+
+    @abstractmethod
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state: enough to continue bit for bit after :meth:`load_state_dict`."""
+
+    @abstractmethod
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (on the same rank of the same world)."""
+
+    # ---------------------------------------------------------------- shared helpers
+    @property
+    def world(self) -> int:
+        return size_of(self.process_set)
+
+    def bind(self, process_set: ProcessSet) -> GradientReducer:
+        """Reduce over ``process_set`` (the optimizer or model using it says which)."""
+        self.process_set = process_set
+        return self
+
+    def name(self, key: str, what: str) -> str:
+        return f"{self._tag}.{key}.{what}"
+
+    def allreduce_sum(self, tensors: Sequence[torch.Tensor], key: str, what: str) -> None:
+        """Sum ``tensors`` across ranks in place: one fused, negotiated request."""
+        tensors = [t for t in tensors if t.numel() > 0]
+        if not tensors:
+            return
+        self.wire_bytes += sum(t.numel() * t.element_size() for t in tensors)
+        collectives.grouped_allreduce_(tensors, op=collectives.Sum,
+                                       name=self.name(key, what), process_set=self.process_set)
+
+    def allgather(self, tensors: Sequence[torch.Tensor], key: str,
+                  what: str) -> list[torch.Tensor]:
+        """Every rank's ``tensors`` concatenated along dimension 0, in rank order."""
+        self.wire_bytes += sum(t.numel() * t.element_size() for t in tensors)
+        return list(collectives.grouped_allgather(list(tensors), name=self.name(key, what),
+                                                  process_set=self.process_set))
+
+    def average_plainly(self, tensors: Sequence[torch.Tensor], key: str) -> None:
+        """Average tensors uncompressed (what a compressor does with what it cannot take)."""
+        self.allreduce_sum(tensors, key, "plain")
+        for t in tensors:
+            t.div_(self.world)

@@ -1,0 +1,155 @@
+"""Top-k and scaled-sign (1-bit) compression, each with error feedback.
+
+Both keep, per rank and tensor, the part of ``M = grad + error`` they did not send and add it
+to the next step's gradient (Stich et al. 2018 for top-k, Seide et al. 2014 and Karimireddy et
+al. 2019 for signs), which is what makes them converge.  Neither result is a sum of the ranks'
+tensors, so both travel by allgather: every rank sends its compressed tensors, receives
+everyone's, and decodes the average itself, in the same order on every rank (the same bits
+everywhere).  Their traffic grows with the number of ranks, unlike PowerSGD's allreduce:
+they suit a few nodes on a slow link.
+
+* :class:`TopK`: the ``ratio`` largest entries of each tensor by magnitude, as (int32 index,
+  value) pairs: ``8 * k`` bytes for float32 instead of ``4 * n``.
+* :class:`OneBit`: the sign of each entry, 8 to a byte, and one float32 scale per tensor (the
+  mean magnitude, so the sent tensor has M's l1 norm): 1/32 of float32's bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from .base import GradientReducer, compressible
+
+_BITS = torch.tensor([128, 64, 32, 16, 8, 4, 2, 1], dtype=torch.uint8)
+
+
+def pack_signs(values: torch.Tensor) -> torch.Tensor:
+    """Bit i of the result is 1 where ``values[i] >= 0`` (most significant bit first)."""
+    n = values.numel()
+    bits = (values.reshape(-1) >= 0).to(torch.uint8)
+    padded = torch.zeros(math.ceil(n / 8) * 8, dtype=torch.uint8, device=values.device)
+    padded[:n] = bits
+    return (padded.view(-1, 8) * _BITS.to(values.device)).sum(dim=1, dtype=torch.uint8)
+
+
+def unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tensor:
+    """+1/-1 of ``n`` entries from :func:`pack_signs`' bytes."""
+    bits = (packed.view(-1, 1) & _BITS.to(packed.device)) > 0
+    return bits.reshape(-1)[:n].to(dtype) * 2 - 1
+
+
+class _ErrorFeedback(GradientReducer):
+    """What top-k and sign share: the error memory and the split into taken and plain."""
+
+    kind = ""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.errors: dict[str, list[torch.Tensor]] = {}
+
+    def _with_error(self, tensors: list[torch.Tensor], key: str) -> list[torch.Tensor]:
+        """M = grad + error for each tensor (a new tensor; the gradients are outputs)."""
+        errors = self.errors.get(key)
+        if errors is None or len(errors) != len(tensors):
+            return [t.detach().clone() for t in tensors]
+        return [t + e for t, e in zip(tensors, errors)]
+
+    def reduce(self, tensors: Sequence[torch.Tensor], key: str = "grads",
+               last: bool = True) -> None:
+        tensors = list(tensors)
+        taken = [t for t in tensors if compressible(t) and t.numel() > 0]
+        plain = [t for t in tensors if not (compressible(t) and t.numel() > 0)]
+        if taken:
+            ms = self._with_error(taken, key)
+            sent = self._exchange(taken, ms, key)
+            self.errors[key] = [m - s for m, s in zip(ms, sent)]
+        self.average_plainly(plain, key)
+
+    @abstractmethod
+    def _exchange(self, outputs: list[torch.Tensor], ms: list[torch.Tensor],
+                  key: str) -> list[torch.Tensor]:
+        """Send compressed ``ms``, write the decoded average into ``outputs``, return what
+        this rank's compression kept of each M (its error is the rest)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "wire_bytes": self.wire_bytes,
+                "errors": {k: [e.clone() for e in v] for k, v in self.errors.items()}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("kind") != self.kind:
+            raise ValueError(f"not a {self.kind} state (kind {state.get('kind')!r})")
+        self.errors = {k: [e.clone() for e in v] for k, v in state["errors"].items()}
+        self.wire_bytes = int(state.get("wire_bytes", 0))
+
+
+class TopK(_ErrorFeedback):
+    """Send the ``ratio`` largest-magnitude entries of each tensor (at least one)."""
+
+    kind = "topk"
+
+    def __init__(self, ratio: float = 0.01) -> None:
+        super().__init__()
+        if not 0 < ratio <= 1:
+            raise ValueError(f"top-k ratio must be in (0, 1], got {ratio!r}")
+        self.ratio = ratio
+
+    def __repr__(self) -> str:
+        return f"Compression.topk(ratio={self.ratio})"
+
+    def _exchange(self, outputs: list[torch.Tensor], ms: list[torch.Tensor],
+                  key: str) -> list[torch.Tensor]:
+        flats = [m.reshape(-1) for m in ms]
+        ks = [max(1, math.ceil(self.ratio * f.numel())) for f in flats]
+        indices = [torch.topk(f.abs(), k, sorted=False).indices for f, k in zip(flats, ks)]
+        values = [f[i] for f, i in zip(flats, indices)]
+        gathered = self.allgather([torch.cat([i.to(torch.int32) for i in indices]),
+                                   torch.cat(values)], key, "topk")
+        all_indices = gathered[0].view(self.world, -1).to(torch.int64)
+        all_values = gathered[1].view(self.world, -1)
+        sent = []
+        at = 0
+        for out, flat, k, idx, val in zip(outputs, flats, ks, indices, values):
+            total = torch.zeros_like(flat)
+            for r in range(self.world):  # rank order: the same sums on every rank
+                total.index_add_(0, all_indices[r, at:at + k], all_values[r, at:at + k])
+            out.copy_((total / self.world).view_as(out))
+            mine = torch.zeros_like(flat)
+            mine[idx] = val
+            sent.append(mine.view_as(out))
+            at += k
+        return sent
+
+
+class OneBit(_ErrorFeedback):
+    """Send each entry's sign and one scale per tensor (its mean magnitude)."""
+
+    kind = "onebit"
+
+    def __repr__(self) -> str:
+        return "Compression.onebit()"
+
+    def _exchange(self, outputs: list[torch.Tensor], ms: list[torch.Tensor],
+                  key: str) -> list[torch.Tensor]:
+        scales = torch.stack([m.abs().mean().to(torch.float32) for m in ms])
+        packed = [pack_signs(m) for m in ms]
+        gathered = self.allgather([torch.cat(packed), scales], key, "signs")
+        all_bits = gathered[0].view(self.world, -1)
+        all_scales = gathered[1].view(self.world, -1)
+        sent = []
+        at = 0
+        for i, (out, m, p) in enumerate(zip(outputs, ms, packed)):
+            nbytes = p.numel()
+            total = torch.zeros(m.numel(), dtype=torch.float32, device=m.device)
+            for r in range(self.world):  # rank order: the same sums on every rank
+                signs = unpack_signs(all_bits[r, at:at + nbytes], m.numel(), torch.float32)
+                total += all_scales[r, i] * signs
+            out.copy_((total / self.world).view_as(out))
+            sent.append((scales[i] * unpack_signs(p, m.numel(), torch.float32))
+                        .to(m.dtype).view_as(m))
+            at += nbytes
+        return sent
