@@ -58,6 +58,13 @@ class GradientReducer(ABC):
     def world(self) -> int:
         return size_of(self.process_set)
 
+    def process_rank(self) -> int:
+        """This rank's index in the process set (its position in an allgather's result)."""
+        rank = self.process_set.rank()
+        if rank is None:
+            raise ValueError(f"this rank is not a member of {self.process_set!r}")
+        return int(rank)
+
     def bind(self, process_set: ProcessSet) -> GradientReducer:
         """Reduce over ``process_set`` (the optimizer or model using it says which)."""
         self.process_set = process_set

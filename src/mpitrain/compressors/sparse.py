@@ -107,21 +107,25 @@ class TopK(_ErrorFeedback):
         ks = [max(1, math.ceil(self.ratio * f.numel())) for f in flats]
         indices = [torch.topk(f.abs(), k, sorted=False).indices for f, k in zip(flats, ks)]
         values = [f[i] for f, i in zip(flats, indices)]
-        gathered = self.allgather([torch.cat([i.to(torch.int32) for i in indices]),
+        # Indices into all tensors laid end to end, so one scatter decodes everything.
+        starts = [0]
+        for f in flats[:-1]:
+            starts.append(starts[-1] + f.numel())
+        gathered = self.allgather([torch.cat([(i + s).to(torch.int32)
+                                              for i, s in zip(indices, starts)]),
                                    torch.cat(values)], key, "topk")
-        all_indices = gathered[0].view(self.world, -1).to(torch.int64)
-        all_values = gathered[1].view(self.world, -1)
+        total = torch.zeros(sum(f.numel() for f in flats), dtype=flats[0].dtype,
+                            device=flats[0].device)
+        # One scatter in rank order (CPU index_add_ adds duplicates in order): the same
+        # sums, bit for bit, on every rank.
+        total.index_add_(0, gathered[0].to(torch.int64), gathered[1])
+        total /= self.world
         sent = []
-        at = 0
-        for out, flat, k, idx, val in zip(outputs, flats, ks, indices, values):
-            total = torch.zeros_like(flat)
-            for r in range(self.world):  # rank order: the same sums on every rank
-                total.index_add_(0, all_indices[r, at:at + k], all_values[r, at:at + k])
-            out.copy_((total / self.world).view_as(out))
+        for out, flat, start, idx, val in zip(outputs, flats, starts, indices, values):
+            out.copy_(total[start:start + flat.numel()].view_as(out))
             mine = torch.zeros_like(flat)
             mine[idx] = val
             sent.append(mine.view_as(out))
-            at += k
         return sent
 
 
@@ -140,16 +144,17 @@ class OneBit(_ErrorFeedback):
         gathered = self.allgather([torch.cat(packed), scales], key, "signs")
         all_bits = gathered[0].view(self.world, -1)
         all_scales = gathered[1].view(self.world, -1)
+        # Every rank's signs at once: (world, 8 * bytes) of +1/-1.
+        signs = unpack_signs(all_bits, 8 * all_bits.numel(), torch.float32).view(self.world, -1)
         sent = []
         at = 0
         for i, (out, m, p) in enumerate(zip(outputs, ms, packed)):
-            nbytes = p.numel()
-            total = torch.zeros(m.numel(), dtype=torch.float32, device=m.device)
+            n = m.numel()
+            block = signs[:, 8 * at:8 * at + n]
+            total = torch.zeros(n, dtype=torch.float32, device=m.device)
             for r in range(self.world):  # rank order: the same sums on every rank
-                signs = unpack_signs(all_bits[r, at:at + nbytes], m.numel(), torch.float32)
-                total += all_scales[r, i] * signs
+                total += all_scales[r, i] * block[r]
             out.copy_((total / self.world).view_as(out))
-            sent.append((scales[i] * unpack_signs(p, m.numel(), torch.float32))
-                        .to(m.dtype).view_as(m))
-            at += nbytes
+            sent.append((scales[i] * block[self.process_rank()]).to(m.dtype).view_as(m))
+            at += p.numel()
         return sent
