@@ -242,3 +242,17 @@ def test_ddp_dropin_runs_torch_hooks(gloo):
     train_lockstep(a, b, RANK, steps=5)
     with pytest.raises(RuntimeError, match="once"):
         a.register_comm_hook(None, hvd_module.Compression.onebit())
+
+
+@pytest.mark.parametrize("make", [lambda h: h.Compression.powersgd(rank=2, start_iter=2),
+                                  lambda h: h.Compression.topk(ratio=0.3),
+                                  lambda h: h.Compression.onebit()],
+                         ids=["powersgd", "topk", "onebit"])
+def test_sum_mode_is_the_average_times_the_world(hvd, make):
+    averaged, summed = make(hvd), make(hvd)
+    for step in range(5):  # past PowerSGD's warm-up and one error feedback
+        a, s = grads_of(RANK, step), grads_of(RANK, step)
+        averaged.reduce(a)
+        summed.reduce(s, average=False)
+        for x, y in zip(a, s):
+            torch.testing.assert_close(y, x * SIZE, rtol=1e-5, atol=1e-5)

@@ -313,3 +313,27 @@ def test_trainer_refuses_misuse(hvd):
         Trainer(model.parameters(), "sgd", PARAMS, kvstore=None).step(0)
     with pytest.raises(TypeError, match="params"):
         Trainer(42, "sgd")
+
+
+@pytest.mark.parametrize("params", [{"type": "topk", "ratio": 0.4}, {"type": "onebit"},
+                                    {"type": "powersgd", "rank": 1, "start_iter": 2}],
+                         ids=["topk", "onebit", "powersgd"])
+def test_stateful_compressors_push_the_sum_their_reducer_makes(kv, params):
+    """A push through set_gradient_compression sums what the compressor itself would (its
+    error memory carried across pushes), identically on every rank."""
+    from mpitrain.compressors import OneBit, PowerSGD, TopK
+
+    kv.set_gradient_compression(params)
+    twin = {"topk": lambda: TopK(0.4), "onebit": OneBit,
+            "powersgd": lambda: PowerSGD(rank=1, start_iter=2)}[params["type"]]()
+    shape = (6, 5)
+    kv.init(3, np.zeros(shape, np.float32))
+    out = np.empty(shape, np.float32)
+    for step in range(4):
+        grad = np.random.default_rng(10 * step + RANK).standard_normal(shape).astype(np.float32)
+        kv.push(3, grad)
+        kv.pull(3, out=out)
+        want = torch.from_numpy(grad.copy())
+        twin.reduce([want], key="twin", average=False)
+        np.testing.assert_array_equal(out, want.numpy())
+        assert np.array_equal(out, WORLD.bcast(out, root=0))

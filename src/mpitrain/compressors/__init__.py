@@ -14,6 +14,6 @@ gain) is averaged uncompressed alongside, never an error in the middle of traini
 
 from .base import GradientReducer
 from .powersgd import PowerSGD
-from .sparse import OneBit, TopK
+from .sparse import OneBit, TopK, TwoBit
 
-__all__ = ["GradientReducer", "OneBit", "PowerSGD", "TopK"]
+__all__ = ["GradientReducer", "OneBit", "PowerSGD", "TopK", "TwoBit"]

@@ -37,12 +37,13 @@ class GradientReducer(ABC):
     # ---------------------------------------------------------------- the contract
     @abstractmethod
     def reduce(self, tensors: Sequence[torch.Tensor], key: str = "grads",
-               last: bool = True) -> None:
+               last: bool = True, average: bool = True) -> None:
         """Average ``tensors`` across the process set, in place.
 
         Args:
             key: names the bucket whose state (errors, factors) this call uses.
             last: this is the last bucket of the step (PowerSGD counts steps on it).
+            average: False leaves the sum instead (an MXNet KVStore push sums).
         """
 
     @abstractmethod
@@ -89,8 +90,11 @@ class GradientReducer(ABC):
         return list(collectives.grouped_allgather(list(tensors), name=self.name(key, what),
                                                   process_set=self.process_set))
 
-    def average_plainly(self, tensors: Sequence[torch.Tensor], key: str) -> None:
-        """Average tensors uncompressed (what a compressor does with what it cannot take)."""
+    def average_plainly(self, tensors: Sequence[torch.Tensor], key: str,
+                        average: bool = True) -> None:
+        """Average (or sum) tensors uncompressed: what a compressor does with what it cannot
+        take."""
         self.allreduce_sum(tensors, key, "plain")
-        for t in tensors:
-            t.div_(self.world)
+        if average:
+            for t in tensors:
+                t.div_(self.world)

@@ -101,10 +101,10 @@ class PowerSGD(GradientReducer):
         return (n + m) * r * self.min_compression_rate < n * m
 
     def reduce(self, tensors: Sequence[torch.Tensor], key: str = "grads",
-               last: bool = True) -> None:
+               last: bool = True, average: bool = True) -> None:
         tensors = list(tensors)
         if self.iter < self.start_iter:
-            self.average_plainly(tensors, key)
+            self.average_plainly(tensors, key, average)
             if last:
                 self.iter += 1
             return
@@ -118,17 +118,21 @@ class PowerSGD(GradientReducer):
             before = [t.detach().clone() for t in tensors]
         matrices = [t.view(t.shape[0], -1) for t in tensors if self._compresses(t)]
         plain = [t for t in tensors if not self._compresses(t)]
-        self._compress(matrices, key)
-        self.average_plainly(plain, key)
+        self._compress(matrices, key, average)
+        self.average_plainly(plain, key, average)
         if self.use_error_feedback:
-            self.errors[key] = [b - t for b, t in zip(before, tensors)]
+            # What this rank wanted to contribute minus the approximated average (a sum
+            # divided back: the error does not depend on whether the caller sums).
+            scale = 1 if average else self.world
+            self.errors[key] = [b - (t if average else t / scale)
+                                for b, t in zip(before, tensors)]
         if not self.warm_start:
             self.p_memory.pop(key, None)
             self.q_memory.pop(key, None)
         if last:
             self.iter += 1
 
-    def _compress(self, matrices: list[torch.Tensor], key: str) -> None:
+    def _compress(self, matrices: list[torch.Tensor], key: str, average: bool) -> None:
         if not matrices:
             return
         dtype, device = matrices[0].dtype, matrices[0].device
@@ -170,7 +174,8 @@ class PowerSGD(GradientReducer):
         for m, p, q in zip(ordered, ps, qs):
             torch.bmm(m.transpose(1, 2), p, out=q)
         self.allreduce_sum([self.q_memory[key]], key, "Q")
-        self.q_memory[key].div_(self.world)
+        if average:
+            self.q_memory[key].div_(self.world)
         for p, q, m in zip(ps, qs, ordered):
             torch.bmm(p, q.transpose(1, 2), out=m)
 

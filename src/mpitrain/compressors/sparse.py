@@ -12,6 +12,9 @@ they suit a few nodes on a slow link.
   value) pairs: ``8 * k`` bytes for float32 instead of ``4 * n``.
 * :class:`OneBit`: the sign of each entry, 8 to a byte, and one float32 scale per tensor (the
   mean magnitude, so the sent tensor has M's l1 norm): 1/32 of float32's bytes.
+* :class:`TwoBit`: MXNet's 2-bit scheme (the KVStore's ``{"type": "2bit", "threshold": t}``):
+  entries of M at or above ``t`` are sent as ``t``, at or below ``-t`` as ``-t``, the rest as
+  0, four to a byte; the error memory is float32 whatever the gradient's type, as MXNet's.
 """
 
 from __future__ import annotations
@@ -43,6 +46,22 @@ def unpack_signs(packed: torch.Tensor, n: int, dtype: torch.dtype) -> torch.Tens
     return bits.reshape(-1)[:n].to(dtype) * 2 - 1
 
 
+def pack_codes(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes in 0..3 -> four per byte (padded with zeros)."""
+    pad = (-codes.numel()) % 4
+    if pad:
+        codes = torch.cat([codes, codes.new_zeros(pad)])
+    quads = codes.view(-1, 4)
+    return quads[:, 0] | (quads[:, 1] << 2) | (quads[:, 2] << 4) | (quads[:, 3] << 6)
+
+
+def unpack_codes(packed: torch.Tensor, n: int) -> torch.Tensor:
+    """The inverse of :func:`pack_codes` for rows of packed bytes: (rows, bytes) -> (rows, n)."""
+    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8, device=packed.device)
+    codes = (packed.unsqueeze(-1) >> shifts) & 3
+    return codes.reshape(packed.shape[0], -1)[:, :n]
+
+
 class _ErrorFeedback(GradientReducer):
     """What top-k and sign share: the error memory and the split into taken and plain."""
 
@@ -60,21 +79,21 @@ class _ErrorFeedback(GradientReducer):
         return [t + e for t, e in zip(tensors, errors)]
 
     def reduce(self, tensors: Sequence[torch.Tensor], key: str = "grads",
-               last: bool = True) -> None:
+               last: bool = True, average: bool = True) -> None:
         tensors = list(tensors)
         taken = [t for t in tensors if compressible(t) and t.numel() > 0]
         plain = [t for t in tensors if not (compressible(t) and t.numel() > 0)]
         if taken:
             ms = self._with_error(taken, key)
-            sent = self._exchange(taken, ms, key)
+            sent = self._exchange(taken, ms, key, self.world if average else 1)
             self.errors[key] = [m - s for m, s in zip(ms, sent)]
-        self.average_plainly(plain, key)
+        self.average_plainly(plain, key, average)
 
     @abstractmethod
-    def _exchange(self, outputs: list[torch.Tensor], ms: list[torch.Tensor],
-                  key: str) -> list[torch.Tensor]:
-        """Send compressed ``ms``, write the decoded average into ``outputs``, return what
-        this rank's compression kept of each M (its error is the rest)."""
+    def _exchange(self, outputs: list[torch.Tensor], ms: list[torch.Tensor], key: str,
+                  divisor: int) -> list[torch.Tensor]:
+        """Send compressed ``ms``, write the decoded sum over ``divisor`` into ``outputs``,
+        return what this rank's compression kept of each M (its error is the rest)."""
 
     def state_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "wire_bytes": self.wire_bytes,
@@ -101,8 +120,8 @@ class TopK(_ErrorFeedback):
     def __repr__(self) -> str:
         return f"Compression.topk(ratio={self.ratio})"
 
-    def _exchange(self, outputs: list[torch.Tensor], ms: list[torch.Tensor],
-                  key: str) -> list[torch.Tensor]:
+    def _exchange(self, outputs: list[torch.Tensor], ms: list[torch.Tensor], key: str,
+                  divisor: int) -> list[torch.Tensor]:
         flats = [m.reshape(-1) for m in ms]
         ks = [max(1, math.ceil(self.ratio * f.numel())) for f in flats]
         indices = [torch.topk(f.abs(), k, sorted=False).indices for f, k in zip(flats, ks)]
@@ -119,7 +138,8 @@ class TopK(_ErrorFeedback):
         # One scatter in rank order (CPU index_add_ adds duplicates in order): the same
         # sums, bit for bit, on every rank.
         total.index_add_(0, gathered[0].to(torch.int64), gathered[1])
-        total /= self.world
+        if divisor != 1:
+            total /= divisor
         sent = []
         for out, flat, start, idx, val in zip(outputs, flats, starts, indices, values):
             out.copy_(total[start:start + flat.numel()].view_as(out))
@@ -137,8 +157,8 @@ class OneBit(_ErrorFeedback):
     def __repr__(self) -> str:
         return "Compression.onebit()"
 
-    def _exchange(self, outputs: list[torch.Tensor], ms: list[torch.Tensor],
-                  key: str) -> list[torch.Tensor]:
+    def _exchange(self, outputs: list[torch.Tensor], ms: list[torch.Tensor], key: str,
+                  divisor: int) -> list[torch.Tensor]:
         scales = torch.stack([m.abs().mean().to(torch.float32) for m in ms])
         packed = [pack_signs(m) for m in ms]
         gathered = self.allgather([torch.cat(packed), scales], key, "signs")
@@ -154,7 +174,50 @@ class OneBit(_ErrorFeedback):
             total = torch.zeros(n, dtype=torch.float32, device=m.device)
             for r in range(self.world):  # rank order: the same sums on every rank
                 total += all_scales[r, i] * block[r]
-            out.copy_((total / self.world).view_as(out))
+            out.copy_((total / divisor if divisor != 1 else total).view_as(out))
             sent.append((scales[i] * block[self.process_rank()]).to(m.dtype).view_as(m))
+            at += p.numel()
+        return sent
+
+
+class TwoBit(_ErrorFeedback):
+    """MXNet's 2-bit quantisation with a threshold (see the module docstring)."""
+
+    kind = "2bit"
+
+    def __init__(self, threshold: float = 0.5) -> None:
+        super().__init__()
+        if not threshold > 0:
+            raise ValueError(f"2bit threshold must be positive, got {threshold!r}")
+        self.threshold = float(threshold)
+
+    def __repr__(self) -> str:
+        return f"TwoBit(threshold={self.threshold})"
+
+    def _with_error(self, tensors: list[torch.Tensor], key: str) -> list[torch.Tensor]:
+        ms = [t.detach().to(torch.float32) for t in tensors]
+        errors = self.errors.get(key)
+        if errors is None or len(errors) != len(ms):
+            return [m.clone() for m in ms]
+        return [e + m for e, m in zip(errors, ms)]
+
+    def _exchange(self, outputs: list[torch.Tensor], ms: list[torch.Tensor], key: str,
+                  divisor: int) -> list[torch.Tensor]:
+        t = self.threshold
+        signs = [(m >= t).to(torch.int8) - (m <= -t).to(torch.int8) for m in ms]
+        codes = [(s == 1).to(torch.uint8) * 3 + (s == -1).to(torch.uint8) * 2 for s in signs]
+        packed = [pack_codes(c.flatten()) for c in codes]
+        gathered = self.allgather([torch.cat(packed)], key, "2bit")[0].view(self.world, -1)
+        sent = []
+        at = 0
+        for out, m, s, p in zip(outputs, ms, signs, packed):
+            every = unpack_codes(gathered[:, at:at + p.numel()], m.numel())
+            counts = ((every == 3).sum(0, dtype=torch.int64)
+                      - (every == 2).sum(0, dtype=torch.int64))
+            total = counts.to(torch.float64) * t
+            if divisor != 1:
+                total /= divisor
+            out.copy_(total.to(out.dtype).view_as(out))
+            sent.append(s.to(torch.float32).view_as(m) * t)
             at += p.numel()
         return sent

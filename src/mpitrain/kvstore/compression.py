@@ -1,14 +1,22 @@
-"""MXNet's gradient compression for KVStore pushes: fp16, bf16, and 2-bit with error feedback.
+"""MXNet's gradient compression for KVStore pushes, and mpitrain's stateful compressors.
 
-``2bit`` is MXNet's scheme (``kv.set_gradient_compression({"type": "2bit", "threshold":
-t})``): each rank adds its gradient to a residual kept per key; elements whose residual
-reaches ``+t`` are sent as ``+t`` (and ``t`` is taken off the residual), those at or below
-``-t`` as ``-t``, all others as 0 and stay in the residual for later pushes (error feedback).
-Each element travels as 2 bits (four per byte).  Quantised values cannot be summed in their
-packed form, so the packed codes are allgathered (``p * n / 4`` bytes received instead of an
-allreduce's ``2 * 4n``) and every rank decodes and sums them, identically.
+``kv.set_gradient_compression(params)`` takes:
 
-``fp16``/``bf16`` cast floating pushes for the wire and back after the sum.
+* ``{"type": "fp16"}`` / ``{"type": "bf16"}``: floating pushes cast for the wire and back after
+  the sum (asynchronous, like an uncompressed push);
+* ``{"type": "2bit", "threshold": t}``: MXNet's scheme: each rank adds its gradient to a
+  residual kept per key; elements whose residual reaches ``+t`` are sent as ``+t`` (and ``t``
+  is taken off the residual), those at or below ``-t`` as ``-t``, all others as 0 and stay in
+  the residual for later pushes (error feedback), four elements to a byte.  Quantised values
+  cannot be summed in their packed form, so the packed codes are allgathered and every rank
+  decodes and sums them, identically;
+* ``{"type": "powersgd", "rank": r, "start_iter": n, "min_compression_rate": c}``,
+  ``{"type": "topk", "ratio": q}``, ``{"type": "onebit"}``: the compressors of
+  :mod:`mpitrain.compressors` (PowerSGD's warm-up counts pushes).
+
+Every stateful one (2bit included) is a :class:`mpitrain.compressors.GradientReducer` asked
+for the sum of each push, keyed by the KVStore key; it runs when the push is made (its
+exchange has steps that depend on each other), so those pushes do not overlap later work.
 """
 
 from __future__ import annotations
@@ -21,35 +29,28 @@ import torch
 from .. import collectives
 from ..collectives import Handle
 from ..compression import Compression
+from ..compressors import GradientReducer, OneBit, PowerSGD, TopK, TwoBit, sparse
 
 Finish = Callable[[Any], torch.Tensor]
 
-_TYPES = ("none", "fp16", "bf16", "2bit")
+# type -> the parameters it takes (with defaults)
+_TYPES: dict[str, dict[str, Any]] = {
+    "none": {}, "fp16": {}, "bf16": {}, "2bit": {"threshold": 0.5},
+    "powersgd": {"rank": 1, "start_iter": 1000, "min_compression_rate": 2},
+    "topk": {"ratio": 0.01}, "onebit": {},
+}
 _FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
-def _pack(codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes in 0..3 -> four per byte (padded with zeros)."""
-    pad = (-codes.numel()) % 4
-    if pad:
-        codes = torch.cat([codes, codes.new_zeros(pad)])
-    quads = codes.view(-1, 4)
-    return quads[:, 0] | (quads[:, 1] << 2) | (quads[:, 2] << 4) | (quads[:, 3] << 6)
-
-
-def _unpack(packed: torch.Tensor, n: int) -> torch.Tensor:
-    """The inverse of :func:`_pack` for rows of packed bytes: (rows, bytes) -> (rows, n)."""
-    shifts = torch.tensor([0, 2, 4, 6], dtype=torch.uint8)
-    codes = (packed.unsqueeze(-1) >> shifts) & 3
-    return codes.reshape(packed.shape[0], -1)[:, :n]
+_pack, _unpack = sparse.pack_codes, sparse.unpack_codes  # the 2-bit wire format
 
 
 class GradientCompression:
     """What a KVStore does to a merged gradient before summing it across ranks.
 
     Args:
-        params: ``None`` or ``{"type": "none"|"fp16"|"bf16"|"2bit", "threshold": t}``
-            (``threshold`` only for ``2bit``, default 0.5 as in MXNet).
+        params: ``None`` or ``{"type": ..., **options}`` (see the module docstring; 2bit's
+            ``threshold`` defaults to 0.5 as in MXNet).
 
     Raises:
         ValueError: an unknown type, a threshold that is not positive, or unknown keys.
@@ -65,49 +66,37 @@ class GradientCompression:
         if kind not in _TYPES:
             raise ValueError(f"unknown gradient compression type {params.get('type')!r}; "
                              f"supported: {list(_TYPES)}")
-        unknown = set(params) - {"type", "threshold"}
-        if unknown or (kind != "2bit" and "threshold" in params):
-            raise ValueError(f"unexpected compression parameters {sorted(unknown) or ['threshold']} "
-                             f"for type {kind!r}")
-        threshold = float(params.get("threshold", 0.5))
-        if not threshold > 0:
-            raise ValueError(f"2bit threshold must be positive, got {params.get('threshold')!r}")
+        unknown = set(params) - {"type"} - set(_TYPES[kind])
+        if unknown:
+            raise ValueError(f"unexpected compression parameters {sorted(unknown)} for type "
+                             f"{kind!r} (it takes {sorted(_TYPES[kind]) or 'none'})")
+        options = {**_TYPES[kind], **{k: v for k, v in params.items() if k != "type"}}
         self.type = kind
-        self.threshold = threshold
-        self.residuals: dict[Any, torch.Tensor] = {}
+        self.threshold = float(options.get("threshold", 0.5))
+        self.reducer: GradientReducer | None = None
+        if kind == "2bit":
+            self.reducer = TwoBit(self.threshold)
+        elif kind == "powersgd":
+            self.reducer = PowerSGD(rank=options["rank"], start_iter=options["start_iter"],
+                                    min_compression_rate=options["min_compression_rate"])
+        elif kind == "topk":
+            self.reducer = TopK(options["ratio"])
+        elif kind == "onebit":
+            self.reducer = OneBit()
 
-    def start(self, key: Any, merged: torch.Tensor, name: str) -> tuple[Handle, Finish]:
-        """Submit the cross-rank sum of ``merged``; returns (handle, finish).
+    def start(self, key: Any, merged: torch.Tensor, name: str) -> tuple[Handle | None, Finish]:
+        """Start the cross-rank sum of ``merged``; returns (handle, finish).
 
-        ``finish(synchronize(handle))`` is the sum, in ``merged``'s dtype and shape.  Every
-        rank must start the same keys (matched by ``name``).
+        ``finish(synchronize(handle))`` is the sum, in ``merged``'s dtype and shape (with no
+        handle, the sum is already there: ``finish(None)``).  Every rank must start the same
+        keys (matched by ``name``).
         """
-        if self.type == "2bit" and merged.dtype in _FLOATS and merged.numel():
-            return self._start_2bit(key, merged, name)
+        if self.reducer is not None and merged.dtype in _FLOATS and merged.numel():
+            total = merged.clone()
+            self.reducer.reduce([total], key=str(key), average=False)
+            return None, lambda _: total
         compressor = {"fp16": Compression.fp16, "bf16": Compression.bf16}.get(
             self.type, Compression.none)
         wire, ctx = compressor.compress(merged)
         handle = collectives.allreduce_async(wire.contiguous(), name=name, op=collectives.Sum)
         return handle, lambda out: compressor.decompress(out, ctx)
-
-    def _start_2bit(self, key: Any, merged: torch.Tensor,
-                    name: str) -> tuple[Handle, Finish]:
-        residual = self.residuals.get(key)
-        if residual is None or residual.shape != merged.shape:
-            residual = self.residuals[key] = torch.zeros_like(merged, dtype=torch.float32)
-        residual.add_(merged.to(torch.float32))
-        t = self.threshold
-        pos, neg = residual >= t, residual <= -t
-        residual.sub_(pos.to(torch.float32) * t).add_(neg.to(torch.float32) * t)
-        codes = pos.to(torch.uint8) * 3 + neg.to(torch.uint8) * 2  # MXNet's 11 / 10 / 00
-        packed = _pack(codes.flatten())
-        handle = collectives.allgather_async(packed, name=name)
-        n, shape, dtype = merged.numel(), merged.shape, merged.dtype
-
-        def finish(gathered: torch.Tensor) -> torch.Tensor:
-            codes_all = _unpack(gathered.view(-1, packed.numel()), n)
-            counts = (codes_all == 3).sum(0, dtype=torch.int64) - (codes_all == 2).sum(
-                0, dtype=torch.int64)
-            return (counts.to(torch.float64) * t).to(dtype).view(shape)
-
-        return handle, finish

@@ -125,7 +125,7 @@ class KVStore:
         if pending is None:
             return
         handle, finish = pending
-        merged = finish(collectives.synchronize(handle))
+        merged = finish(collectives.synchronize(handle) if handle is not None else None)
         stored = self._store[key]
         if self._updater is None:
             stored.copy_(merged)
@@ -235,7 +235,8 @@ class KVStore:
         self._updater = updater
 
     def set_gradient_compression(self, compression_params: dict[str, Any]) -> None:
-        """Compress pushes: ``{"type": "fp16"}``, ``"bf16"``, or ``"2bit"`` with a threshold."""
+        """Compress pushes: ``{"type": "fp16"}``, ``"bf16"``, ``"2bit"`` with a threshold, or
+        ``"powersgd"``/``"topk"``/``"onebit"`` (see :mod:`mpitrain.kvstore.compression`)."""
         self._settle_all()
         self._compression = GradientCompression(compression_params)
 
