@@ -12,7 +12,8 @@ gradients and ``kv.pull`` the new weights.  The store's "server" is replicated o
 the gradients are summed across ranks and every rank applies the same update.  The model is
 plain numpy (forward and backward by hand).  Rank 0 writes checkpoints (weights and the
 optimizer's states) atomically.  Add ``--gradient-compression 2bit`` for MXNet's 2-bit
-compression with error feedback.  Needs ``pip install 'mpitrain[examples]'``.
+compression with error feedback (or ``powersgd``, ``topk``, ``onebit``: mpitrain's
+compressors, also with error feedback).  Needs ``pip install 'mpitrain[examples]'``.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=0.5)
     p.add_argument("--momentum", type=float, default=0.0,
                    help="keep 0 with 2bit: momentum on top of its error feedback diverges")
-    p.add_argument("--gradient-compression", choices=["none", "fp16", "2bit"], default="none")
+    p.add_argument("--gradient-compression", default="none",
+                   choices=["none", "fp16", "2bit", "powersgd", "topk", "onebit"])
     p.add_argument("--threshold", type=float, default=0.5, help="for 2bit")
     p.add_argument("--kvstore", default="dist_sync")
     p.add_argument("--seed", type=int, default=0)

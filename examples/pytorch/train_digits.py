@@ -60,7 +60,12 @@ def parse_args() -> argparse.Namespace:
                         help="stop after this epoch's checkpoint, as an interruption would")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--fp16-allreduce", action="store_true",
-                        help="send gradients as float16")
+                        help="send gradients as float16 (same as --compression fp16)")
+    parser.add_argument("--compression", default="none",
+                        choices=["none", "fp16", "bf16", "powersgd", "topk", "onebit"],
+                        help="gradient compression; powersgd/topk/onebit keep error feedback "
+                        "(checkpointed per rank)")
+    parser.add_argument("--powersgd-rank", type=int, default=4, help="for --compression powersgd")
     return parser.parse_args()
 
 
@@ -107,6 +112,18 @@ def evaluate(model: nn.Module, test: torch.utils.data.Dataset) -> tuple[float, f
     return correct / count, loss / count
 
 
+def compression(args: argparse.Namespace) -> object:
+    """The compressor the flags ask for (a stateful one is an object of its own)."""
+    name = "fp16" if args.fp16_allreduce else args.compression
+    if name == "powersgd":  # 100 plain steps first, as torch recommends for PowerSGD
+        return hvd.Compression.powersgd(rank=args.powersgd_rank, start_iter=100)
+    if name == "topk":
+        return hvd.Compression.topk(ratio=0.05)
+    if name == "onebit":
+        return hvd.Compression.onebit()
+    return getattr(hvd.Compression, name)
+
+
 def main() -> None:
     args = parse_args()
     hvd.init()
@@ -119,7 +136,7 @@ def main() -> None:
                                 momentum=args.momentum)
     optimizer = hvd.DistributedOptimizer(
         optimizer, named_parameters=model.named_parameters(),
-        compression=hvd.Compression.fp16 if args.fp16_allreduce else hvd.Compression.none)
+        compression=compression(args))
     sampler = hvd.DistributedSampler(train, shuffle=True, seed=args.seed)
     # Its own generator, so that torch's global one (dropout) continues exactly on resume.
     loader = torch.utils.data.DataLoader(train, batch_size=args.batch_size, sampler=sampler,
