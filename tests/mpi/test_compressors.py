@@ -256,3 +256,22 @@ def test_sum_mode_is_the_average_times_the_world(hvd, make):
         summed.reduce(s, average=False)
         for x, y in zip(a, s):
             torch.testing.assert_close(y, x * SIZE, rtol=1e-5, atol=1e-5)
+
+
+def test_gradients_accumulated_over_backward_passes_are_compressed_once_per_step(hvd):
+    """backward_passes_per_step=2: two micro-batches add up locally, then one compressed
+    exchange per optimizer step; every rank ends with the same model."""
+    model = make_model(seed=0)
+    c = hvd.Compression.powersgd(rank=1, start_iter=2)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(),
+                                   compression=c, backward_passes_per_step=2)
+    for step in range(4):
+        opt.zero_grad()
+        for micro in range(2):
+            x, y = _batch(2 * step + micro)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    assert c.iter == 4  # one exchange per step (PowerSGD counts them), not per backward
+    assert "optimizer" in c.errors  # compressed steps ran (start_iter=2)
+    same_on_every_rank([p.detach() for p in model.parameters()])
