@@ -117,6 +117,8 @@ class Config:
     abort_on_error: bool = True
     log_level: str = "WARNING"
     allow_singleton: bool = False
+    elastic_min_np: int = 0
+    elastic_reset_limit: int = 0
 
 
 VARIABLES: tuple[Variable, ...] = (
@@ -178,6 +180,12 @@ VARIABLES: tuple[Variable, ...] = (
              "Run as a world of one even when the launcher (torchrun, srun without PMI, another "
              "MPI's mpirun) says it started more processes; each then trains alone. Off: init() "
              "refuses such a job on every process."),
+    Variable("elastic_min_np", "MPITRAIN_ELASTIC_MIN_NP", _parse_nonneg_int,
+             "Elastic training ends the job, naming the lost ranks and hosts, when fewer than "
+             "this many ranks survive a failure (mpitrainrun --min-np); 0: any number."),
+    Variable("elastic_reset_limit", "MPITRAIN_ELASTIC_RESET_LIMIT", _parse_nonneg_int,
+             "Elastic training ends the job after this many recoveries (mpitrainrun "
+             "--reset-limit); 0: no limit."),
 )
 
 

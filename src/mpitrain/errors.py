@@ -27,6 +27,11 @@ class HostsUpdatedInterrupt(RuntimeError):
         self.skip_sync = skip_sync
 
 
+class ElasticLimitError(RuntimeError):
+    """An elastic job lost more than it may (below ``--min-np``, or past ``--reset-limit``):
+    raised on every survivor, so the job ends with this message instead of training on."""
+
+
 def not_initialized() -> ValueError:
     """The error every runtime query raises before init()."""
     return ValueError("mpitrain has not been initialized; call mpitrain.init() first.")

@@ -110,3 +110,25 @@ def test_a_rebuild_that_fails_without_a_death_raises_everywhere():
     assert "RuntimeError injected init failure" in proc.stdout, output
     assert "MpitrainInternalError rebuilding the job over the survivors failed on another " \
            "rank" in proc.stdout, output
+
+
+@pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
+def test_below_min_np_the_job_ends_naming_the_lost_rank_and_host(tmp_path):
+    """mpitrainrun --min-np 3 on 3 ranks: when one dies, the survivors end the job (no hang)
+    with one message naming the lost rank and its host; mpitrainrun adds --with-ft ulfm."""
+    import socket
+    import subprocess
+
+    from support import job_env
+
+    argv = [sys.executable, "-m", "mpitrain.runner.launch", "-np", "3", "-H", "localhost:3",
+            "--min-np", "3", sys.executable, str(SCRIPT), str(tmp_path),
+            json.dumps({"1": [0, 3]})]
+    proc = subprocess.run(argv, env=job_env(), capture_output=True, text=True, timeout=150)
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode != 0, output
+    assert "2 of 3 ranks remain, fewer than --min-np 3: ending the job" in output, output
+    assert "lost world rank(s) [1] on host(s) [" in output, output
+    host = socket.gethostname()
+    assert host in output or "localhost" in output, output
+    assert not any("params" in json.loads(p.read_text()) for p in tmp_path.glob("rank*.json"))

@@ -56,6 +56,12 @@ CASES_OPENMPI = [
     # More ranks than cores, asked for on purpose: allowed, and MPI is told not to spin.
     ("-np 16 -H localhost:16 python t.py",
      OMPI.format(np=16) + " --host localhost:16 --mca mpi_yield_when_idle 1 -x PATH python t.py"),
+    # Elastic: ULFM switched on, the limits passed to every rank.
+    ("-np 4 --min-np 2 --reset-limit 3 python t.py",
+     OMPI.format(np=4) + " -x PATH -x MPITRAIN_ELASTIC_MIN_NP=2 "
+     "-x MPITRAIN_ELASTIC_RESET_LIMIT=3 --with-ft ulfm python t.py"),
+    ("-np 4 --max-np 4 --mpi-args='--with-ft ulfm' python t.py",
+     OMPI.format(np=4) + " -x PATH --with-ft ulfm python t.py"),
     ("-np 16 --mpi-args=--oversubscribe python t.py",
      OMPI.format(np=16) + " --mca mpi_yield_when_idle 1 -x PATH --oversubscribe python t.py"),
     ("-np 2 -- python -c 'print(1)'", OMPI.format(np=2) + " -x PATH python -c 'print(1)'"),
@@ -266,3 +272,16 @@ def test_auto_detects_the_installed_open_mpi(capsys):
     code = launch.main(["--dry-run", "-np", "1", "x"], environ=dict(os.environ))
     out = capsys.readouterr().out
     assert code == 0 and "--bind-to none --map-by slot" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ("--mpi openmpi -np 4 --min-np 5 python t.py", "--min-np 5 is more than -np 4"),
+    ("--mpi openmpi -np 4 --max-np 8 python t.py", "does not add ranks"),
+    ("--mpi openmpi -np 4 --host-discovery-script ./d.sh python t.py", "not supported"),
+    ("--mpi openmpi -np 4 --blacklist-cooldown-range 10 100 python t.py", "not supported"),
+    ("--mpi mpich -np 4 --min-np 2 python t.py", "needs Open MPI 5 with ULFM"),
+])
+def test_elastic_options_mpitrain_cannot_honour_are_refused(machine, capsys, args, message):
+    code, out, err = dry(capsys, ["--mpirun", "mpirun", *shlex.split(args)])
+    assert code != 0 and out == ""
+    assert message in err

@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from ..errors import ElasticLimitError, HorovodInternalError, HostsUpdatedInterrupt
 from ..session import init, shutdown
 from .driver import run, run_fn
 from .state import HostUpdateResult, ObjectState, State
@@ -26,5 +26,5 @@ def __getattr__(name: str) -> Any:
 
 
 # init and shutdown are here because Horovod's horovod.torch.elastic has them too.
-__all__ = ["ElasticSampler", "HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt",
+__all__ = ["ElasticLimitError", "ElasticSampler", "HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt",
            "ObjectState", "State", "TorchState", "init", "run", "run_fn", "shutdown"]

@@ -7,6 +7,11 @@ hears of it), each survivor restores its last commit, the job is rebuilt over th
 alive (:func:`mpitrain.session.rebuild`), the state's reset callbacks run with the new
 ``size()``, and the next round begins.  A :class:`HostsUpdatedInterrupt` (raised by
 ``commit()``) resets without a restore.
+
+Limits (``mpitrainrun --min-np N --reset-limit R``, or ``MPITRAIN_ELASTIC_MIN_NP`` /
+``MPITRAIN_ELASTIC_RESET_LIMIT``): when fewer than N ranks survive, or after R recoveries, every
+survivor raises :class:`ElasticLimitError` naming the lost ranks and their hosts, and the job
+ends.  Each round records which host every world rank runs on, for that message.
 """
 
 from __future__ import annotations
@@ -17,20 +22,53 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .. import runtime, session
-from ..errors import HorovodInternalError, HostsUpdatedInterrupt
+from .. import collectives, runtime, session
+from ..errors import ElasticLimitError, HorovodInternalError, HostsUpdatedInterrupt
 from .state import State
 
 R = TypeVar("R")
 
+# World rank -> host, as of the last round's start (for naming what was lost).
+_hosts: dict[int, str] = {}
+_resets = 0
+
+
+def _record_hosts() -> None:
+    """Every rank's MPI_COMM_WORLD rank and host, gathered at the start of a round."""
+    from mpi4py import MPI  # mpi4py.MPI starts MPI: imported only once training runs
+
+    pairs = collectives.allgather_object((MPI.COMM_WORLD.Get_rank(), MPI.Get_processor_name()),
+                                         name="elastic.hosts")
+    _hosts.clear()
+    _hosts.update(dict(pairs))
+
+
+def _check_limits(lost: list[int], before: int) -> None:
+    """End the job on every survivor (same inputs everywhere) once a limit is passed."""
+    cfg = runtime.state().config
+    size = runtime.size()
+    hosts = sorted({_hosts.get(r, "?") for r in lost})
+    what = f"lost world rank(s) {lost} on host(s) {hosts}" if lost else "reset"
+    if cfg.elastic_min_np and size < cfg.elastic_min_np:
+        raise ElasticLimitError(f"mpitrain elastic: {what}; {size} of {before} ranks remain, "
+                                f"fewer than --min-np {cfg.elastic_min_np}: ending the job")
+    if cfg.elastic_reset_limit and _resets > cfg.elastic_reset_limit:
+        raise ElasticLimitError(f"mpitrain elastic: {what}; that is recovery {_resets}, past "
+                                f"--reset-limit {cfg.elastic_reset_limit}: ending the job")
+
 
 def rebuild_job() -> None:
-    """Rebuild the job over the ranks still alive, and say so on the new rank 0."""
+    """Rebuild the job over the ranks still alive, and say so on the new rank 0; end it when
+    a limit is passed."""
+    global _resets
     started = time.monotonic()
     before = runtime.size()
     lost = session.rebuild()
+    _resets += 1
+    _check_limits(lost, before)
     if runtime.rank() == 0:
-        gone = f"lost world rank(s) {lost}; " if lost else ""
+        gone = (f"lost world rank(s) {lost} on host(s) "
+                f"{sorted({_hosts.get(r, '?') for r in lost})}; " if lost else "")
         sys.stderr.write(f"mpitrain elastic: {gone}continuing on {runtime.size()} of {before} "
                          f"ranks (rebuilt in {1e3 * (time.monotonic() - started):.0f} ms)\n")
         sys.stderr.flush()
@@ -51,6 +89,7 @@ def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R
             try:
                 if not skip_sync:
                     state.sync()
+                _record_hosts()
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 state.restore()  # back to the last commit: the failed step may be half done

@@ -30,7 +30,13 @@ from typing import Any
 
 from . import allocation, build_info
 from .hosts import HostfileError, HostSlots, parse_hosts_string, place, read_hostfile, with_slots
-from .launch_options import build_parser, settings_from_args, user_env
+from .launch_options import (
+    build_parser,
+    check_elastic,
+    elastic_requested,
+    settings_from_args,
+    user_env,
+)
 from .mpi_command import (
     SRUN_MPI_PLUGINS,
     Flavor,
@@ -91,6 +97,14 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     if args.np is None:
         raise ValueError("-np N is required: how many processes to start")
     mpi_args = shlex.split(args.mpi_args)
+    if elastic_requested(args):
+        check_elastic(args)
+        if flavor is not None and flavor != Flavor.OPENMPI:
+            raise ValueError(f"elastic training (--min-np, --max-np, --reset-limit) needs Open "
+                             f"MPI 5 with ULFM (--with-ft ulfm); this launcher is "
+                             f"{flavor.value}: a lost rank would end the job")
+        if "--with-ft" not in mpi_args:
+            mpi_args = ["--with-ft", "ulfm", *mpi_args]
     oversubscribe = any(a in _OVERSUBSCRIBE_FLAGS for a in mpi_args)
     settings, extra_names = user_env(args.env, environ)
     settings = {**settings_from_args(args), **settings}
@@ -106,6 +120,9 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
 
     use_srun = (alloc is not None and alloc.scheduler == "slurm" and args.launcher != "mpirun"
                 and (args.launcher == "srun" or srun is not None))
+    if use_srun and elastic_requested(args):
+        raise ValueError("elastic training needs Open MPI's mpirun with ULFM (--with-ft ulfm); "
+                         "inside Slurm pass --launcher mpirun")
     if args.launcher == "srun" and not use_srun:
         raise ValueError("--launcher srun needs a Slurm allocation (SLURM_JOB_ID and "
                          "SLURM_JOB_NODELIST) and no -H/--hostfile")

@@ -121,6 +121,21 @@ def build_parser() -> argparse.ArgumentParser:
                         help="also pass NAME=VALUE (or NAME's current value) to every rank; "
                              "repeatable")
 
+    elastic = parser.add_argument_group(
+        "elastic training (hvd.elastic: survivors of a lost rank continue in place; Open MPI 5 "
+        "with ULFM, to which these add --with-ft ulfm)")
+    elastic.add_argument("--min-np", type=_pos_int, metavar="N",
+                         help="end the job when fewer than N ranks survive a failure")
+    elastic.add_argument("--max-np", type=_pos_int, metavar="N",
+                         help="Horovod's upper bound; mpitrain does not add ranks to a running "
+                              "job, so N must equal -np")
+    elastic.add_argument("--reset-limit", type=_nonneg_int, metavar="N",
+                         help="end the job after N recoveries (0: no limit)")
+    elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
+                         help="Horovod's host discovery; not supported (see --help's note)")
+    elastic.add_argument("--blacklist-cooldown-range", nargs=2, type=int, metavar=("A", "B"),
+                         help="Horovod's blacklist cooldown; not supported")
+
     mode = parser.add_argument_group("what to do")
     mode.add_argument("--dry-run", action="store_true",
                       help="print the command that would run, run nothing")
@@ -162,7 +177,38 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, str]:
             f"{args.stall_check_shutdown_time_seconds:g}"
     if args.log_level is not None:
         out[_NAMES["log_level"]] = args.log_level
+    if getattr(args, "min_np", None) is not None:
+        out[_NAMES["elastic_min_np"]] = str(args.min_np)
+    if getattr(args, "reset_limit", None) is not None:
+        out[_NAMES["elastic_reset_limit"]] = str(args.reset_limit)
     return out
+
+
+def elastic_requested(args: argparse.Namespace) -> bool:
+    """Whether the elastic options ask for fault tolerance (checked by :func:`check_elastic`)."""
+    return any(getattr(args, name, None) is not None
+               for name in ("min_np", "max_np", "reset_limit", "host_discovery_script",
+                            "blacklist_cooldown_range"))
+
+
+def check_elastic(args: argparse.Namespace) -> None:
+    """Refuse elastic options mpitrain cannot honour, saying what it does instead.
+
+    Raises:
+        ValueError: --min-np above -np, --max-np other than -np, or host discovery /
+            blacklisting (mpitrain shrinks a job in place; it does not grow one).
+    """
+    if args.host_discovery_script is not None or args.blacklist_cooldown_range is not None:
+        raise ValueError("--host-discovery-script and --blacklist-cooldown-range are not "
+                         "supported: mpitrain keeps training on the survivors when ranks are "
+                         "lost (--min-np, --reset-limit) but does not add hosts to a running "
+                         "job; restart it from a checkpoint with the new hosts")
+    if args.np is not None and args.min_np is not None and args.min_np > args.np:
+        raise ValueError(f"--min-np {args.min_np} is more than -np {args.np}")
+    if args.np is not None and args.max_np is not None and args.max_np != args.np:
+        raise ValueError(f"--max-np {args.max_np} differs from -np {args.np}: mpitrain does not "
+                         "add ranks to a running job (it continues on fewer); give -np the "
+                         "size to start with")
 
 
 def user_env(items: Sequence[str],

@@ -76,9 +76,12 @@ class _DistributedOptimizer(GradientHooks):
                                                                named_parameters)
         # A stateful compressor reduces everything at synchronize(); the stateless path
         # (per-gradient requests from the hooks) then sends nothing itself.
-        self.compressor = (compression.bind(process_set)
-                           if isinstance(compression, GradientReducer) else None)
-        self._compression = Compression.none if self.compressor else compression
+        self.compressor: GradientReducer | None = None
+        self._compression: type[Compressor] = Compression.none
+        if isinstance(compression, GradientReducer):
+            self.compressor = compression.bind(process_set)
+        else:
+            self._compression = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
@@ -409,6 +412,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
     if reduce_op == ReduceOp.ADASUM:
         # Horovod: plain reduction at size 1, the delta optimizer otherwise (groups and
         # sparse_as_dense do not apply to it).
+        assert not isinstance(compression, GradientReducer)  # those need op=Average, above
         adasum = adasum_optimizer.wrap(optimizer, named_parameters, compression, passes,
                                        process_set)
         if adasum is not None:

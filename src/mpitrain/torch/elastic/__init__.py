@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ...elastic import (
+    ElasticLimitError,
     HorovodInternalError,
     HostsUpdatedInterrupt,
     HostUpdateResult,
@@ -18,5 +19,5 @@ from .sampler import ElasticSampler
 from .state import TorchState
 
 # init and shutdown are here because Horovod's horovod.torch.elastic has them too.
-__all__ = ["ElasticSampler", "HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt",
+__all__ = ["ElasticLimitError", "ElasticSampler", "HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt",
            "ObjectState", "State", "TorchState", "init", "run", "run_fn", "shutdown"]
