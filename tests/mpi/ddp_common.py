@@ -1,7 +1,12 @@
 """Shared by the DDP tests: a small model with a buffer and an optional unused branch, per-rank
 data, and a lock-step comparison of two data-parallel wrappers trained side by side."""
 
+import socket
+from collections.abc import Iterator
+
 import torch
+import torch.distributed as tdist
+from mpi4py import MPI
 from torch import nn
 
 
@@ -72,3 +77,19 @@ class _null:
 
     def __exit__(self, *exc: object) -> None:
         return None
+
+
+def gloo_world() -> Iterator[object]:
+    """torch's default group over Gloo, set up as an mpirun user would (rank and size from
+    MPI, a free port on localhost found by rank 0); for a module-scoped fixture."""
+    world = MPI.COMM_WORLD
+    port = None
+    if world.Get_rank() == 0:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+    port = world.bcast(port, root=0)
+    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}",
+                             rank=world.Get_rank(), world_size=world.Get_size())
+    yield tdist.group.WORLD
+    tdist.destroy_process_group()

@@ -12,8 +12,7 @@ import tempfile
 import numpy as np
 import pytest
 import torch
-import torch.distributed as tdist
-from ddp_common import make_model, train_lockstep
+from ddp_common import gloo_world, make_model, train_lockstep
 from mpi4py import MPI
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
@@ -207,12 +206,7 @@ def test_a_stateful_compressor_needs_average(hvd):
 
 @pytest.fixture(scope="module")
 def gloo(hvd):
-    from test_ddp_dropin import free_port
-    port = WORLD.bcast(free_port() if RANK == 0 else None, root=0)
-    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK,
-                             world_size=SIZE)
-    yield tdist.group.WORLD
-    tdist.destroy_process_group()
+    yield from gloo_world()
 
 
 @pytest.mark.parametrize("rank", [1, 2])

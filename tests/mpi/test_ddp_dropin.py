@@ -6,13 +6,11 @@ port on localhost found by rank 0 and broadcast to the others.
 """
 
 import os
-import socket
 import warnings
 
 import pytest
 import torch
-import torch.distributed as tdist
-from ddp_common import make_model, train_lockstep
+from ddp_common import gloo_world, make_model, train_lockstep
 from mpi4py import MPI
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
@@ -24,19 +22,9 @@ RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 MPI_CONFIGS = ("np2", "np4")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def gloo(hvd):
-    port = WORLD.bcast(free_port() if RANK == 0 else None, root=0)
-    tdist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=RANK,
-                             world_size=SIZE)
-    yield tdist.group.WORLD
-    tdist.destroy_process_group()
+    yield from gloo_world()
 
 
 def assert_same_on_every_rank(module: torch.nn.Module) -> None:

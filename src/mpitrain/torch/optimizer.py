@@ -257,14 +257,9 @@ class _DistributedOptimizer(GradientHooks):
                         self._write_back(p, out, c)
                 else:
                     self._write_back(key, outputs, ctx)
-            for p, sparse_dim in self._densified.items():
-                assert p.grad is not None
-                p.grad = p.grad.to_sparse(sparse_dim)
+            self._resparsify()
         finally:
-            self._handles.clear()
-            self._densified.clear()
-            for p in self._delay:
-                self._delay[p] = self.backward_passes_per_step
+            self._end_round()
         self._synchronized = True
 
     def _synchronize_compressed(self) -> None:
@@ -279,15 +274,23 @@ class _DistributedOptimizer(GradientHooks):
                     g = p.grad = g.to_dense()
                 grads.append(g)
             self.compressor.reduce(grads, key="optimizer")
-            for p, sparse_dim in self._densified.items():
-                assert p.grad is not None
-                p.grad = p.grad.to_sparse(sparse_dim)
+            self._resparsify()
         finally:
-            self._handles.clear()
-            self._densified.clear()
-            for p in self._delay:
-                self._delay[p] = self.backward_passes_per_step
+            self._end_round()
         self._synchronized = True
+
+    def _resparsify(self) -> None:
+        """Sparse gradients reduced densely become sparse again (SparseAdam steps on them)."""
+        for p, sparse_dim in self._densified.items():
+            assert p.grad is not None
+            p.grad = p.grad.to_sparse(sparse_dim)
+
+    def _end_round(self) -> None:
+        """Forget this step's requests; the next backward passes count from the start."""
+        self._handles.clear()
+        self._densified.clear()
+        for p in self._delay:
+            self._delay[p] = self.backward_passes_per_step
 
     def _write_back(self, p: torch.Tensor, output: torch.Tensor, ctx: Any) -> None:
         assert p.grad is not None
