@@ -132,3 +132,29 @@ def test_below_min_np_the_job_ends_naming_the_lost_rank_and_host(tmp_path):
     host = socket.gethostname()
     assert host in output or "localhost" in output, output
     assert not any("params" in json.loads(p.read_text()) for p in tmp_path.glob("rank*.json"))
+
+
+def _has_tensorflow() -> bool:
+    import importlib.util
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+@pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
+@pytest.mark.skipif(not _has_tensorflow(), reason="needs pip install 'mpitrain[tensorflow]'")
+def test_keras_fit_survivors_finish_with_the_elastic_callbacks(tmp_path):
+    """mpitrain.tensorflow.keras's elastic face: a rank dies inside model.fit; the failed
+    allreduce (a TensorFlow OpError) becomes HorovodInternalError, the survivors restore the
+    last commit, shrink, and finish the remaining epochs with equal weights."""
+    script = Path(__file__).with_name("keras_elastic_train.py")
+    proc = run_job(3, ["--with-ft", "ulfm", sys.executable, str(script), str(tmp_path),
+                       json.dumps({"1": [1, 2]})], timeout=170)
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    logs = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    survivors = [logs[0], logs[2]]
+    for log in survivors:
+        assert log["sizes"] == [3, 2], output
+        assert log["final_epoch"] == 3, log
+        assert log["epochs"] == [1, 2, 3], log  # each epoch once, across the reset
+    assert len({log["weights"] for log in survivors}) == 1, "survivors' weights differ"
+    assert "weights" not in logs[1]

@@ -397,3 +397,30 @@ def test_compat_v1_optimizer_and_hook_equal_single_process(tmp_path):
     assert i == steps
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert same_on_all_ranks([got])
+
+
+def test_keras_state_commits_restores_and_syncs_from_rank_zero():
+    import mpitrain.tensorflow.keras as hk
+
+    rank = MPI.COMM_WORLD.Get_rank()
+    tf.random.set_seed(rank)  # different weights on every rank
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse", jit_compile=False)
+    state = hk.elastic.KerasState(model, epoch=0, batch=0)
+    state.sync()  # rank 0's weights everywhere (and committed)
+    mine = np.concatenate([w.ravel() for w in model.get_weights()])
+    assert np.array_equal(mine, MPI.COMM_WORLD.bcast(mine, root=0))
+    committed = model.get_weights()
+    model.set_weights([w + 1.0 for w in committed])
+    state.epoch = 5
+    state.restore()
+    for a, b in zip(model.get_weights(), committed):
+        np.testing.assert_array_equal(a, b)
+    assert state.epoch == 0
+    with pytest.raises(ValueError, match="batches_per_commit"):
+        hk.elastic.CommitStateCallback(state, batches_per_commit=0)
+    with pytest.raises(ValueError, match="graph sessions"):
+        htf.elastic.TensorFlowState([tf.Variable(1.0)], session=object())
+    unbuilt = keras.Sequential([keras.layers.Dense(2)])
+    with pytest.raises(ValueError, match="built"):
+        hk.elastic.KerasState(unbuilt)

@@ -89,7 +89,6 @@ def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R
             try:
                 if not skip_sync:
                     state.sync()
-                _record_hosts()
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 state.restore()  # back to the last commit: the failed step may be half done
@@ -113,7 +112,12 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
         Survivors continue in the same processes only where the MPI library has ULFM (Open
         MPI 5: ``mpirun --with-ft ulfm``); elsewhere a dead rank still ends the job.
     """
-    return run_fn(func, rebuild_job)
+    @functools.wraps(func)
+    def round_(state: State, *args: Any, **kwargs: Any) -> R:
+        _record_hosts()  # which host each rank is on, to name them if they are lost
+        return func(state, *args, **kwargs)
+
+    return run_fn(round_, rebuild_job)
 
 
 __all__ = ["rebuild_job", "run", "run_fn"]

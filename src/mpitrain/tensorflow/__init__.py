@@ -51,7 +51,7 @@ from ..runtime import (
     size,
 )
 from ..session import add_process_set, remove_process_set, shutdown
-from . import keras
+from . import elastic, keras
 from .basics import init
 from .broadcast_ops import broadcast, grouped_broadcast
 from .distributed_optimizer import DistributedOptimizer
@@ -88,6 +88,7 @@ __all__ = [
     "broadcast_global_variables",
     "broadcast_object",
     "broadcast_variables",
+    "elastic",
     "ccl_built",
     "cross_rank",
     "cross_size",

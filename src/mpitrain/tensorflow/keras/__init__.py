@@ -41,7 +41,7 @@ from ..basics import init
 from ..functions import broadcast_variables
 from ..mpi_ops import allgather, allreduce, broadcast
 from ..sync_batch_norm import SyncBatchNormalization
-from . import callbacks
+from . import callbacks, elastic
 from .optimizer_keras3 import DistributedOptimizer
 
 __all__ = [
@@ -58,6 +58,7 @@ __all__ = [
     "barrier",
     "broadcast",
     "broadcast_object",
+    "elastic",
     "broadcast_variables",
     "callbacks",
     "ccl_built",
