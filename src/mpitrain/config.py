@@ -119,6 +119,7 @@ class Config:
     allow_singleton: bool = False
     elastic_min_np: int = 0
     elastic_reset_limit: int = 0
+    elastic_state_file: str = ""
 
 
 VARIABLES: tuple[Variable, ...] = (
@@ -186,6 +187,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("elastic_reset_limit", "MPITRAIN_ELASTIC_RESET_LIMIT", _parse_nonneg_int,
              "Elastic training ends the job after this many recoveries (mpitrainrun "
              "--reset-limit); 0: no limit."),
+    Variable("elastic_state_file", "MPITRAIN_ELASTIC_STATE_FILE", _parse_str,
+             "Restart-mode elastic training (mpitrainrun --elastic-restart, or an MPI without "
+             "ULFM): rank 0 writes every commit here, atomically, and a restarted job resumes "
+             "from it."),
 )
 
 

@@ -3,7 +3,8 @@
 
     mpirun --with-ft ulfm -np 3 python elastic_train.py LOGDIR '{"1": [0, 3]}'
 
-The schedule maps an original rank to ``[epoch, batch]``: that rank SIGKILLs itself before
+The schedule maps an original rank to ``[epoch, batch]``: that rank SIGKILLs itself (once per
+job, also when the job is restarted) before
 that batch's forward pass (so every rank has committed the batch before it); with
 ``[epoch, batch, "backward"]`` it dies when its first layer's gradient is computed, the last
 of the backward pass, while the other gradients are in flight; with ``"rebuild"`` it dies in
@@ -61,9 +62,16 @@ def main() -> None:
     sampler = hvd.elastic.ElasticSampler(dataset, shuffle=True, seed=7)
     state = hvd.elastic.TorchState(model, optimizer, sampler=sampler, epoch=0, batch=0)
 
+    # A rank dies once per job: a job restarted from its last commit (mpitrainrun
+    # --elastic-restart) runs the same schedule again, and this marker keeps it alive then.
+    marker = os.path.join(logdir, f"died{original}")
+    if os.path.exists(marker):
+        die_at = None
+
     def die() -> None:
         log["died_at"] = time.time()  # wall clock: compared with the survivors' on this machine
         write_log()
+        open(marker, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
 
     def on_reset() -> None:

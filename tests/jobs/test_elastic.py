@@ -158,3 +158,29 @@ def test_keras_fit_survivors_finish_with_the_elastic_callbacks(tmp_path):
         assert log["epochs"] == [1, 2, 3], log  # each epoch once, across the reset
     assert len({log["weights"] for log in survivors}) == 1, "survivors' weights differ"
     assert "weights" not in logs[1]
+
+
+def test_restart_mode_resumes_the_job_from_rank_zeros_last_commit(tmp_path):
+    """Without ULFM (here: --elastic-restart): the job dies with its rank, mpitrainrun runs it
+    again, and the new rank 0 loads the commit its predecessor wrote, so training continues
+    from the epoch and batch it had reached instead of starting over."""
+    import subprocess
+
+    from support import job_env
+
+    state_file = tmp_path / "state.pkl"
+    argv = [sys.executable, "-m", "mpitrain.runner.launch", "-np", "3", "-H", "localhost:3",
+            "--elastic-restart", "--reset-limit", "2", "--elastic-state-file", str(state_file),
+            sys.executable, str(SCRIPT), str(tmp_path), json.dumps({"1": [1, 2]})]
+    proc = subprocess.run(argv, env=job_env(), capture_output=True, text=True, timeout=170)
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    assert "restarting it from its last commit (1 of 2)" in output, output
+    assert f"resuming from the commit in {state_file}" in output, output
+    logs = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    assert sorted(logs) == [0, 1, 2]
+    for log in logs.values():  # the restarted run's log: it began in epoch 1, not 0
+        assert log["batches"][0][0] == 1, log["batches"][:2]
+        assert log["sizes"] == [3] and log["resets"] == 0
+    assert len({log["params"] for log in logs.values()}) == 1
+    assert state_file.exists()  # named by the user: kept

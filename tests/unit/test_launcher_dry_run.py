@@ -279,9 +279,23 @@ def test_auto_detects_the_installed_open_mpi(capsys):
     ("--mpi openmpi -np 4 --max-np 8 python t.py", "does not add ranks"),
     ("--mpi openmpi -np 4 --host-discovery-script ./d.sh python t.py", "not supported"),
     ("--mpi openmpi -np 4 --blacklist-cooldown-range 10 100 python t.py", "not supported"),
-    ("--mpi mpich -np 4 --min-np 2 python t.py", "needs Open MPI 5 with ULFM"),
 ])
 def test_elastic_options_mpitrain_cannot_honour_are_refused(machine, capsys, args, message):
     code, out, err = dry(capsys, ["--mpirun", "mpirun", *shlex.split(args)])
     assert code != 0 and out == ""
     assert message in err
+
+
+@pytest.mark.parametrize("args", [
+    "--mpi mpich --mpirun mpiexec -np 4 --min-np 2 --elastic-state-file /ck/s.pkl python t.py",
+    "--mpi openmpi --mpirun mpirun -np 4 --elastic-restart --elastic-state-file /ck/s.pkl "
+    "python t.py",
+])
+def test_without_ulfm_elastic_means_restarting_from_the_state_file(machine, capsys, args):
+    code, out, err = dry(capsys, shlex.split(args))
+    assert (code, err) == (0, "")
+    assert "--with-ft" not in out and "MPITRAIN_ELASTIC_MIN_NP" not in out
+    assert "MPITRAIN_ELASTIC_STATE_FILE" in out and "/ck/s.pkl" in out
+    plan = launch.make_plan(launch.build_parser().parse_args(shlex.split(args)), BASE,
+                            launch.Flavor(args.split()[1]), "mpirun", 8, True)
+    assert (plan.restarts, plan.state_file, plan.keep_state_file) == (3, "/ck/s.pkl", True)

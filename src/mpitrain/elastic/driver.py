@@ -17,6 +17,8 @@ ends.  Each round records which host every world rank runs on, for that message.
 from __future__ import annotations
 
 import functools
+import os
+import pickle
 import sys
 import time
 from collections.abc import Callable
@@ -117,7 +119,28 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
         _record_hosts()  # which host each rank is on, to name them if they are lost
         return func(state, *args, **kwargs)
 
-    return run_fn(round_, rebuild_job)
+    rounds = run_fn(round_, rebuild_job)
+
+    @functools.wraps(func)
+    def first(state: State, *args: Any, **kwargs: Any) -> R:
+        resume_from_state_file(state)
+        return rounds(state, *args, **kwargs)
+
+    return first
+
+
+def resume_from_state_file(state: State) -> None:
+    """Restart mode: rank 0 loads the last commit a previous run of the job wrote (the first
+    sync then gives it to every rank).  Nothing happens without a state file."""
+    if not runtime.is_initialized():
+        return
+    path = runtime.state().config.elastic_state_file
+    if not path or runtime.rank() != 0 or not os.path.exists(path):
+        return
+    with open(path, "rb") as f:
+        state.load_snapshot(pickle.load(f))  # noqa: S301 - written by this job's rank 0
+    sys.stderr.write(f"mpitrain elastic: resuming from the commit in {path}\n")
+    sys.stderr.flush()
 
 
 __all__ = ["rebuild_job", "run", "run_fn"]

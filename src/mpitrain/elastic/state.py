@@ -4,17 +4,25 @@ A state is committed (copied to host memory, cheap and frequent) while training 
 collective fails, :func:`mpitrain.elastic.run` puts back the last commit on every survivor
 (``restore``), rebuilds the job, and makes every rank equal to the new rank 0 (``sync``).
 Framework states (``TorchState``) add handlers for models and optimizers on top of
-:class:`ObjectState`, which carries plain Python values.  Names and semantics are Horovod's
+:class:`ObjectState`, which carries plain Python values.
+
+Where ranks cannot survive a death in place (an MPI without ULFM, or ``mpitrainrun
+--elastic-restart``), the launcher restarts the whole job instead; then every commit is also
+written by rank 0 to ``MPITRAIN_ELASTIC_STATE_FILE`` (atomically: a death mid-write leaves the
+previous commit), as a :meth:`State.snapshot`, and the restarted job's :func:`mpitrain.elastic.run`
+loads it on rank 0 before the first sync hands it to everyone.  Names and semantics are Horovod's
 (``horovod.common.elastic``), so Horovod's elastic scripts run unchanged.
 """
 
 from __future__ import annotations
 
 import enum
+import pickle
 import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from .. import files, runtime
 from ..errors import HostsUpdatedInterrupt
 
 
@@ -74,7 +82,27 @@ class State:
             HostsUpdatedInterrupt: hosts were added or removed; :func:`run` resets.
         """
         self.save()
+        self._persist()
         self.check_host_updates()
+
+    def _persist(self) -> None:
+        """In restart mode, rank 0 writes the commit to the state file (see the module)."""
+        if not runtime.is_initialized():
+            return
+        path = runtime.state().config.elastic_state_file
+        if path and self._rank() == 0:
+            files.write_atomic(path, pickle.dumps(self.snapshot(),
+                                                  protocol=pickle.HIGHEST_PROTOCOL))
+
+    def snapshot(self) -> Any:
+        """The last commit as one picklable object (for restart mode's state file)."""
+        raise NotImplementedError(f"{type(self).__name__} must implement snapshot() to run "
+                                  "in restart mode")
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        """Make :meth:`snapshot`'s object the last commit and restore it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load_snapshot() to "
+                                  "run in restart mode")
 
     def check_host_updates(self) -> None:
         """Raise :class:`HostsUpdatedInterrupt` on every rank if rank 0 heard of new hosts.
@@ -139,6 +167,13 @@ class ObjectState(State):
         if self._saved_state:
             self._saved_state = self._bcast_object(self._saved_state)
             self._set_attrs()
+
+    def snapshot(self) -> Any:
+        return {"values": dict(self._saved_state)}
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        self._saved_state = dict(snapshot["values"])
+        self._set_attrs()
 
     def _set_attrs(self) -> None:
         for name, value in self._saved_state.items():

@@ -53,11 +53,18 @@ _OVERSUBSCRIBE_FLAGS = ("--oversubscribe", "-oversubscribe")
 
 @dataclass
 class Plan:
-    """What mpitrainrun decided: the argv and a description for --verbose."""
+    """What mpitrainrun decided: the argv and a description for --verbose; in elastic restart
+    mode, how often to restart and the state file the job's rank 0 writes its commits to."""
 
     argv: list[str]
     placement: str
     hosts_to_resolve: list[str]
+    restarts: int | None = None
+    state_file: str | None = None
+    keep_state_file: bool = False
+
+
+DEFAULT_RESTARTS = 3
 
 
 def _cores() -> int:
@@ -97,17 +104,29 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     if args.np is None:
         raise ValueError("-np N is required: how many processes to start")
     mpi_args = shlex.split(args.mpi_args)
-    if elastic_requested(args):
+    restart: tuple[int, str, bool] | None = None  # (restarts, state file, keep it)
+    elastic = elastic_requested(args)
+    if elastic:
         check_elastic(args)
-        if flavor is not None and flavor != Flavor.OPENMPI:
-            raise ValueError(f"elastic training (--min-np, --max-np, --reset-limit) needs Open "
-                             f"MPI 5 with ULFM (--with-ft ulfm); this launcher is "
-                             f"{flavor.value}: a lost rank would end the job")
-        if "--with-ft" not in mpi_args:
-            mpi_args = ["--with-ft", "ulfm", *mpi_args]
+        through_mpirun = srun is None or args.launcher == "mpirun"
+        in_place = flavor == Flavor.OPENMPI and not args.elastic_restart and through_mpirun
+        if in_place:
+            if "--with-ft" not in mpi_args:
+                mpi_args = ["--with-ft", "ulfm", *mpi_args]
+        else:
+            # No ULFM (or asked not to use it): restart the job from rank 0's last commit.
+            state_file = os.path.abspath(args.elastic_state_file or
+                                         f".mpitrain-elastic-{os.getpid()}.pkl")
+            limit = DEFAULT_RESTARTS if args.reset_limit is None else args.reset_limit
+            restart = (limit, state_file, args.elastic_state_file is not None)
     oversubscribe = any(a in _OVERSUBSCRIBE_FLAGS for a in mpi_args)
     settings, extra_names = user_env(args.env, environ)
     settings = {**settings_from_args(args), **settings}
+    if restart is not None:
+        # The launcher counts restarts, and a restarted job always has all its ranks.
+        settings.pop("MPITRAIN_ELASTIC_RESET_LIMIT", None)
+        settings.pop("MPITRAIN_ELASTIC_MIN_NP", None)
+        settings["MPITRAIN_ELASTIC_STATE_FILE"] = restart[1]
     hosts, alloc = _host_source(args, environ)
     if hosts is not None and args.npernode is not None:
         hosts = with_slots(hosts, args.npernode)
@@ -120,9 +139,6 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
 
     use_srun = (alloc is not None and alloc.scheduler == "slurm" and args.launcher != "mpirun"
                 and (args.launcher == "srun" or srun is not None))
-    if use_srun and elastic_requested(args):
-        raise ValueError("elastic training needs Open MPI's mpirun with ULFM (--with-ft ulfm); "
-                         "inside Slurm pass --launcher mpirun")
     if args.launcher == "srun" and not use_srun:
         raise ValueError("--launcher srun needs a Slurm allocation (SLURM_JOB_ID and "
                          "SLURM_JOB_NODELIST) and no -H/--hostfile")
@@ -135,7 +151,8 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
         placement = f"{args.np} process(es) on this machine ({cores} cores)"
         if flavor is None or launcher is None:
             raise ValueError("no MPI launcher")
-        return Plan(build_command(flavor, launcher, spec), placement, [])
+        return _with_restart(Plan(build_command(flavor, launcher, spec), placement, []),
+                             restart)
 
     placed = list(hosts) if oversubscribe else place(args.np, hosts)
     # Ranks beyond this machine's cores (e.g. -H localhost:16): ask MPI not to busy-poll.
@@ -145,7 +162,7 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
         placement = f"{alloc.scheduler} allocation: {placement}"
     if use_srun:
         spec.srun_mpi = _srun_mpi_plugin(flavor, environ, mpi_args)
-        return Plan(build_srun(spec, srun or "srun"), placement, [])
+        return _with_restart(Plan(build_srun(spec, srun or "srun"), placement, []), restart)
     if alloc is not None and alloc.scheduler == "slurm":
         # mpirun reads the Slurm allocation itself; only the count is ours to give.
         spec.hosts = None
@@ -154,7 +171,38 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     if flavor is None or launcher is None:
         raise ValueError("no MPI launcher")
     to_resolve = [h.host for h in placed] if alloc is None else []
-    return Plan(build_command(flavor, launcher, spec), placement, to_resolve)
+    return _with_restart(Plan(build_command(flavor, launcher, spec), placement, to_resolve),
+                         restart)
+
+
+def _with_restart(plan: Plan, restart: tuple[int, str, bool] | None) -> Plan:
+    if restart is not None:
+        plan.restarts, plan.state_file, plan.keep_state_file = restart
+    return plan
+
+
+def run_restarting(plan: Plan) -> int:
+    """Elastic restart mode: run the job; while it fails and restarts remain, run it again
+    (its rank 0 resumes from the state file).  The file goes when the job succeeds, unless
+    the user named it."""
+    assert plan.restarts is not None and plan.state_file is not None
+    attempt = 0
+    while True:
+        code = _run(plan.argv)
+        if code == 0:
+            if not plan.keep_state_file and os.path.exists(plan.state_file):
+                os.unlink(plan.state_file)
+            return 0
+        if attempt >= plan.restarts:
+            print(f"mpitrainrun: the job failed (exit {code}) and was restarted {attempt} "
+                  f"time(s), the --reset-limit; giving up (its last commit is in "
+                  f"{plan.state_file})", file=sys.stderr)
+            return code
+        attempt += 1
+        resume = ("from its last commit" if os.path.exists(plan.state_file)
+                  else "from the start (no commit was written)")
+        print(f"mpitrainrun: the job failed (exit {code}); restarting it {resume} "
+              f"({attempt} of {plan.restarts})", file=sys.stderr, flush=True)
 
 
 def _srun_mpi_plugin(flavor: Flavor | None, environ: Mapping[str, str],
@@ -246,6 +294,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if args.verbose:
         print(f"mpitrainrun: {plan.placement}", file=sys.stderr)
         print(f"mpitrainrun: {shlex.join(plan.argv)}", file=sys.stderr)
+    if plan.restarts is not None:
+        return run_restarting(plan)
     return _run(plan.argv)
 
 

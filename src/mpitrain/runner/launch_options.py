@@ -122,15 +122,25 @@ def build_parser() -> argparse.ArgumentParser:
                              "repeatable")
 
     elastic = parser.add_argument_group(
-        "elastic training (hvd.elastic: survivors of a lost rank continue in place; Open MPI 5 "
-        "with ULFM, to which these add --with-ft ulfm)")
+        "elastic training (hvd.elastic): with Open MPI 5 the survivors of a lost rank continue "
+        "in place (these add --with-ft ulfm); with another MPI, or --elastic-restart, the job "
+        "is restarted from its last commit, which rank 0 writes to a state file")
     elastic.add_argument("--min-np", type=_pos_int, metavar="N",
                          help="end the job when fewer than N ranks survive a failure")
     elastic.add_argument("--max-np", type=_pos_int, metavar="N",
                          help="Horovod's upper bound; mpitrain does not add ranks to a running "
                               "job, so N must equal -np")
     elastic.add_argument("--reset-limit", type=_nonneg_int, metavar="N",
-                         help="end the job after N recoveries (0: no limit)")
+                         help="end the job after N recoveries (0: no limit); in restart mode, "
+                              "restart at most N times (default 3)")
+    elastic.add_argument("--elastic-restart", action="store_true",
+                         help="restart the whole job from its last commit when a rank dies, "
+                              "instead of continuing in place (the way without ULFM)")
+    elastic.add_argument("--elastic-state-file", metavar="FILE",
+                         help="restart mode: where rank 0 writes each commit (default: "
+                              ".mpitrain-elastic-<pid>.pkl here, removed when the job "
+                              "succeeds; a file you name is kept, and a new job resumes "
+                              "from it)")
     elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
                          help="Horovod's host discovery; not supported (see --help's note)")
     elastic.add_argument("--blacklist-cooldown-range", nargs=2, type=int, metavar=("A", "B"),
@@ -186,9 +196,10 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, str]:
 
 def elastic_requested(args: argparse.Namespace) -> bool:
     """Whether the elastic options ask for fault tolerance (checked by :func:`check_elastic`)."""
-    return any(getattr(args, name, None) is not None
-               for name in ("min_np", "max_np", "reset_limit", "host_discovery_script",
-                            "blacklist_cooldown_range"))
+    return bool(getattr(args, "elastic_restart", False)) or any(
+        getattr(args, name, None) is not None
+        for name in ("min_np", "max_np", "reset_limit", "host_discovery_script",
+                     "blacklist_cooldown_range", "elastic_state_file"))
 
 
 def check_elastic(args: argparse.Namespace) -> None:

@@ -97,6 +97,15 @@ class _VariablesState(ObjectState):
         self._save_variables()
         super().sync()
 
+    def snapshot(self) -> Any:
+        return {"variables": self._saved, **super().snapshot()}
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        self._saved = list(snapshot["variables"])
+        super().load_snapshot(snapshot)
+        for var, value in zip(self._variables(), self._saved):
+            var.assign(value)
+
 
 class TensorFlowKerasState(_VariablesState):
     """A Keras model's and optimizer's variables plus plain values (``epoch=0, batch=0``).

@@ -36,6 +36,14 @@ class StateHandler:
     def sync(self) -> None:
         raise NotImplementedError(f"{type(self).__name__} must implement sync()")
 
+    def snapshot(self) -> Any:
+        """The last saved copy (picklable), for restart mode's state file."""
+        raise NotImplementedError(f"{type(self).__name__} must implement snapshot()")
+
+    def load_snapshot(self, saved: Any) -> None:
+        """Make ``saved`` the last saved copy and load it."""
+        raise NotImplementedError(f"{type(self).__name__} must implement load_snapshot()")
+
     def set_value(self, value: Any) -> None:
         """Track ``value`` instead (an attribute assigned anew), committing it at once."""
         self.value = value
@@ -58,6 +66,13 @@ class ModelStateHandler(StateHandler):
     def sync(self) -> None:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
+    def snapshot(self) -> Any:
+        return self._saved_model_state
+
+    def load_snapshot(self, saved: Any) -> None:
+        self._saved_model_state = saved
+        self.restore()
+
 
 class OptimizerStateHandler(StateHandler):
     """An optimizer's state (moments, step counts) and hyper-parameters."""
@@ -74,6 +89,13 @@ class OptimizerStateHandler(StateHandler):
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
+
+    def snapshot(self) -> Any:
+        return self._saved_optimizer_state
+
+    def load_snapshot(self, saved: Any) -> None:
+        self._saved_optimizer_state = saved
+        self.restore()
 
 
 class SamplerStateHandler(StateHandler):
@@ -92,6 +114,13 @@ class SamplerStateHandler(StateHandler):
     def sync(self) -> None:
         # Loading re-deals the remaining samples over today's ranks, on rank 0 too.
         self.value.load_state_dict(broadcast_object(self.value.state_dict()))
+
+    def snapshot(self) -> Any:
+        return self._saved_sampler_state
+
+    def load_snapshot(self, saved: Any) -> None:
+        self._saved_sampler_state = saved
+        self.restore()
 
 
 _handler_registry: list[tuple[type, type[StateHandler]]] = [
@@ -160,6 +189,15 @@ class TorchState(ObjectState):
         for handler in self._handlers.values():
             handler.sync()
         super().sync()
+
+    def snapshot(self) -> Any:
+        return {"handlers": {name: h.snapshot() for name, h in self._handlers.items()},
+                **super().snapshot()}
+
+    def load_snapshot(self, snapshot: Any) -> None:
+        for name, handler in self._handlers.items():
+            handler.load_snapshot(snapshot["handlers"][name])
+        super().load_snapshot(snapshot)
 
     def __setattr__(self, name: str, value: Any) -> None:
         # Assigning a new model or optimizer to a tracked name tracks (and commits) the new one.
