@@ -15,6 +15,9 @@ Run as root from a checkout with its .venv::
     .venv/bin/python benchmarks/netns_allreduce.py --rate 10gbit --sizes-mib 1 16 64
     .venv/bin/python benchmarks/netns_allreduce.py --no-shape --hosts 2 --slots 2
 
+``--pipeline K`` adds ``hierarchical-pipelined``: the hierarchical allreduce with its steps
+overlapped over K chunks (``MPITRAIN_HIERARCHICAL_PIPELINE=K``).
+
 ``--fp16`` adds each contender on float16 tensors of the same element count (half the bytes),
 as ``Compression.fp16`` sends gradients; their "vs MPI" compares with MPI's float32 Allreduce
 of the same elements, what a user who turns compression on gains.
@@ -55,7 +58,8 @@ def _timed(fn, iters: int, barrier) -> list[float]:
     return times
 
 
-def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool) -> int:
+def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
+           pipeline: int = 0) -> int:
     """Runs on every rank: the measurement itself; rank 0 prints one JSON line."""
     import numpy as np
     import torch
@@ -69,7 +73,8 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool) -> int:
     results: dict[str, dict[str, list[float]]] = {}
     buffers = {s: torch.ones(int(s * MiB) // 4, dtype=torch.float32) for s in sizes_mib}
     halves = {s: b.to(torch.float16) for s, b in buffers.items()}
-    contenders = [*CONTENDERS, *(f"{c}-fp16" for c in CONTENDERS if fp16)]
+    contenders = [*CONTENDERS, *(["hierarchical-pipelined"] if pipeline > 1 else []),
+                  *(f"{c}-fp16" for c in CONTENDERS if fp16)]
 
     def record(name: str, s: float, times: list[float]) -> None:
         slowest = world.allreduce(max(times), op=MPI.MAX)  # a collective ends at its slowest
@@ -104,7 +109,13 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool) -> int:
         # Rotate who goes first each round so that order effects fall on everyone alike.
         turn = round_ % len(contenders)
         for name in contenders[turn:] + contenders[:turn]:
-            os.environ["MPITRAIN_ALLREDUCE_ALGORITHM"] = name.removesuffix("-fp16")
+            algorithm = name.removesuffix("-fp16")
+            if algorithm == "hierarchical-pipelined":
+                algorithm = "hierarchical"
+                os.environ["MPITRAIN_HIERARCHICAL_PIPELINE"] = str(pipeline)
+            else:
+                os.environ.pop("MPITRAIN_HIERARCHICAL_PIPELINE", None)
+            os.environ["MPITRAIN_ALLREDUCE_ALGORITHM"] = algorithm
             hvd.init()
             for s in buffers:
                 buf = halves[s] if name.endswith("-fp16") else buffers[s]
@@ -172,10 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the raw measurements here")
     parser.add_argument("--fp16", action="store_true",
                         help="also every contender on float16 tensors of the same length")
+    parser.add_argument("--pipeline", type=int, default=0, metavar="K",
+                        help="also time the hierarchical allreduce pipelined over K chunks")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return worker(args.sizes_mib, args.rounds, args.iters, args.fp16)
+        return worker(args.sizes_mib, args.rounds, args.iters, args.fp16, args.pipeline)
 
     sys.path.insert(0, str(ROOT / "tools"))
     from netns_cluster import Cluster, launch_env, missing_requirements
@@ -189,7 +202,8 @@ def main(argv: list[str] | None = None) -> int:
             cluster.shape(args.rate, args.burst, args.latency)
         command = [sys.executable, str(Path(__file__).resolve()), "--worker", "--rounds",
                    str(args.rounds), "--iters", str(args.iters), "--sizes-mib",
-                   *map(str, args.sizes_mib), *(["--fp16"] if args.fp16 else [])]
+                   *map(str, args.sizes_mib), *(["--fp16"] if args.fp16 else []),
+                   "--pipeline", str(args.pipeline)]
         result = subprocess.run(cluster.launch_argv(args.hosts * args.slots, command),
                                 env=launch_env(), capture_output=True, text=True, timeout=3600)
         shaped = dict(cluster.shaped)

@@ -108,6 +108,7 @@ class Config:
     allreduce_algorithm: str = "auto"
     allreduce_calibrate: bool = True
     hierarchical_allreduce: bool = False
+    hierarchical_pipeline: int = 0
     adasum_hierarchical: bool = False
     allreduce_streams: int = 1
     local_size: int = 0
@@ -155,6 +156,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("hierarchical_allreduce", "MPITRAIN_HIERARCHICAL_ALLREDUCE", _parse_bool,
              "Prefer the hierarchical allreduce across nodes (same as algorithm=hierarchical).",
              ("HOROVOD_HIERARCHICAL_ALLREDUCE",)),
+    Variable("hierarchical_pipeline", "MPITRAIN_HIERARCHICAL_PIPELINE", _parse_nonneg_int,
+             "Overlap the hierarchical allreduce's node-local and cross-node steps over this "
+             "many chunks of at least 1 MiB (0: one step after another)."),
     Variable("adasum_hierarchical", "MPITRAIN_ADASUM_HIERARCHICAL", _parse_bool,
              "op=Adasum averages within each node first, then Adasum across nodes (Horovod's "
              "GPU/NCCL form; scale the learning rate by local_size); default: Adasum over all "

@@ -274,3 +274,28 @@ def test_without_cross_memory_attach_shm_stages_and_others_fall_back(staged_grou
     algorithms.allgather(g, send, recv, counts)
     want = np.concatenate([np.full(c, r + 1, dtype=np.uint8) for r, c in enumerate(counts)])
     np.testing.assert_array_equal(recv, want)
+
+
+@pytest.mark.parametrize("in_place", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int32"])
+def test_pipelined_hierarchical_equals_the_sum_on_every_rank(group, in_place, dtype):
+    """MPITRAIN_HIERARCHICAL_PIPELINE: the steps overlap over chunks (of >= 1 MiB, so sizes
+    here give 2 to 4 of them, odd lengths included); the result is the reduction, and the
+    same bits everywhere."""
+    from mpitrain.ops import hierarchical
+
+    saved = hierarchical.MIN_CHUNK_BYTES
+    hierarchical.MIN_CHUNK_BYTES = 1 << 16  # smaller chunks: more of them, quicker to test
+    try:
+        for n, chunks in ((70_001, 4), (40_000, 2), (33, 8)):
+            send = values(RANK, n, dtype, ReduceOp.SUM)
+            want = reference.reduce([values(r, n, dtype, ReduceOp.SUM) for r in range(SIZE)],
+                                    dtype, ReduceOp.SUM)
+            recv = send if in_place else np.empty_like(send)
+            hierarchical.allreduce(group.node(), group.comms.cross,
+                                   group.topology.is_homogeneous, group.workspace("cross"),
+                                   send, recv, dtype, ReduceOp.SUM, pipeline=chunks)
+            check(recv, want, dtype, f"n={n} chunks={chunks}")
+            assert same_everywhere(group, recv)
+    finally:
+        hierarchical.MIN_CHUNK_BYTES = saved

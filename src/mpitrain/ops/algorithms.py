@@ -104,7 +104,8 @@ def _shm_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op:
 def _hierarchical_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype: str,
                             op: ReduceOp, prescale: float, postscale: float) -> None:
     hierarchical.allreduce(g.node(), g.comms.cross, g.topology.is_homogeneous,
-                           g.workspace("cross"), send, recv, dtype, op, prescale, postscale)
+                           g.workspace("cross"), send, recv, dtype, op, prescale, postscale,
+                           g.config.hierarchical_pipeline)
 
 
 def _mpi_applies(group: Group, nbytes: int, requested: str) -> bool:

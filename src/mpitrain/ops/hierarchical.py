@@ -23,11 +23,22 @@ stored in the element type itself, and the cross-node ring carries float16/bfloa
 values rounded once per hop (see :mod:`mpitrain.ops.ring`): half the bytes on the network,
 at the price of those roundings.
 
+**Pipelined** (``MPITRAIN_HIERARCHICAL_PIPELINE=K``, K > 1, off by default): the buffer is cut
+into K chunks (each at least :data:`MIN_CHUNK_BYTES`) and the three steps overlap: while a
+helper thread runs chunk c's cross-node ring, this thread reduces chunk c+1 inside the node and
+shares chunk c-1, so the network and the memory work at once instead of in turn (what
+NCCL's pipelined algorithms do).  The helper is the only user of the cross communicator while
+it runs, the calling thread the only user of the node's; chunks touch disjoint parts of the
+buffers, and a node barrier per chunk orders each chunk's sharing after every local rank's
+ring (the ranks' sums are the same on every rank, though grouped per chunk, so they differ
+from the unpipelined ones by rounding).
+
 Every rank of the group must call this, in the same order.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import numpy as np
@@ -37,10 +48,12 @@ from . import ring, shm
 from .scratch import Scratch
 from .slices import balanced
 
+MIN_CHUNK_BYTES = 1 << 20  # below this a chunk's barriers and ring latencies dominate
+
 
 def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,
               send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-              prescale: float = 1.0, postscale: float = 1.0) -> None:
+              prescale: float = 1.0, postscale: float = 1.0, pipeline: int = 0) -> None:
     """Allreduce over ``node`` (this node's ranks) and ``cross`` (same local rank elsewhere).
 
     Args:
@@ -48,7 +61,12 @@ def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,
         cross: communicator of the ranks with this local rank on every node.
         homogeneous: every node has the same number of ranks (same answer on every rank).
         ws: ring workspace for the cross communicator.
+        pipeline: overlap the steps over this many chunks (0 or 1: one after another).
     """
+    chunks = min(pipeline, send.nbytes // MIN_CHUNK_BYTES)
+    if homogeneous and chunks > 1:
+        _pipelined(node, cross, ws, send, recv, dtype, op, prescale, postscale, chunks)
+        return
     if not homogeneous:
         shm.allreduce(node, send, recv, dtype, op, prescale, 1.0)
         if node.rank == 0:
@@ -64,3 +82,60 @@ def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,
     node.barrier()
     shm.gather_slices(node, recv, [a[1] for a in addrs], ranges, node.rank)
     node.barrier()
+
+
+def _pipelined(node: shm.Node, cross: Any, ws: Scratch, send: np.ndarray, recv: np.ndarray,
+               dtype: str, op: ReduceOp, prescale: float, postscale: float,
+               chunks: int) -> None:
+    """The homogeneous allreduce with its three steps overlapped over ``chunks`` chunks."""
+    # Every chunk split over the node's ranks, in absolute element ranges.
+    owned = [[(start + lo, start + hi) for lo, hi in balanced(stop - start, node.size)]
+             for start, stop in balanced(send.size, chunks)]
+    addrs = node.exchange(send, recv)
+    reduced = [threading.Event() for _ in owned]
+    crossed = [threading.Event() for _ in owned]
+    failed: list[BaseException] = []
+
+    def across() -> None:  # the helper thread: chunk c's ring once chunk c is reduced here
+        try:
+            for c, ranges in enumerate(owned):
+                reduced[c].wait()
+                if failed:
+                    return
+                lo, hi = ranges[node.rank]
+                ring.allreduce(cross, recv[lo:hi], recv[lo:hi], dtype, op, 1.0, postscale, ws)
+                crossed[c].set()
+        except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
+            failed.append(exc)
+        finally:
+            for event in crossed:
+                event.set()  # nobody waits for a chunk that will not come
+
+    def share(c: int) -> None:  # every local rank's ring of chunk c is done: gather it
+        crossed[c].wait()
+        if failed:
+            raise failed[0]
+        node.barrier()
+        shm.gather_slices(node, recv, [a[1] for a in addrs], owned[c], node.rank)
+
+    helper = threading.Thread(target=across, name="mpitrain-hierarchical-cross", daemon=True)
+    helper.start()
+    try:
+        for c, ranges in enumerate(owned):
+            lo, hi = ranges[node.rank]
+            shm.reduce_slice(node, send, [a[0] for a in addrs], lo, hi, recv[lo:hi], dtype, op,
+                             prescale, 1.0)
+            reduced[c].set()
+            if c > 0:
+                share(c - 1)
+        share(len(owned) - 1)
+    except BaseException:
+        failed.append(RuntimeError("the node-local steps failed"))
+        raise
+    finally:
+        for event in reduced:
+            event.set()  # let the helper see the failure and stop
+        helper.join()
+    if failed:
+        raise failed[0]
+    node.barrier()  # nobody leaves while a peer still copies from its buffer
