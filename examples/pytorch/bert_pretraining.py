@@ -61,7 +61,7 @@ from tqdm import tqdm
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bert_data  # noqa: E402 - the example's own modules, beside it
-from bert_backends import MpitrainJob, TorchDDPJob  # noqa: E402
+from bert_backends import HorovodJob, MpitrainJob, TorchDDPJob  # noqa: E402
 
 # hidden size, layers, attention heads, feed-forward size (Devlin et al.; Turc et al. for tiny)
 PRESETS = {"tiny": (128, 2, 2, 512), "base": (768, 12, 12, 3072), "large": (1024, 24, 16, 4096)}
@@ -93,8 +93,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="share of --max-steps spent warming up; default: 0.2843 / 0.128")
     p.add_argument("--weight-decay", type=float, default=0.01)
     p.add_argument("--max-grad-norm", type=float, default=1.0, help="0: no clipping")
-    p.add_argument("--backend", choices=("mpitrain", "gloo", "nccl"), default="mpitrain",
-                   help="gloo / nccl: stock torch DDP over Gloo or NCCL, for comparison")
+    p.add_argument("--backend", choices=("mpitrain", "horovod", "gloo", "nccl"),
+                   default="mpitrain",
+                   help="horovod: Horovod itself (run from the environment "
+                   "benchmarks/horovod_peer.sh builds); gloo / nccl: stock torch DDP over Gloo "
+                   "or NCCL; all three for comparison")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="cuda: each rank trains on GPU local_rank %% device count")
     p.add_argument("--wrapper", choices=("optimizer", "ddp"), default=None,
@@ -137,7 +140,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.lr is None:
         args.lr = phase["lamb_lr"] if args.optimizer == "lamb" else 1e-4
     if args.wrapper is None:
-        args.wrapper = "optimizer" if args.backend == "mpitrain" else "ddp"
+        args.wrapper = "optimizer" if args.backend in ("mpitrain", "horovod") else "ddp"
     if args.output_dir is None:
         args.output_dir = f"runs/bert-{args.preset}"
     _check_args(p, args)
@@ -167,11 +170,16 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if torch_ddp and args.resume:
         p.error(f"--backend {args.backend} is for measurement and writes no checkpoints: "
                 "no --resume")
+    horovod_unsupported = (args.wrapper != "optimizer" or args.compression == "bf16"
+                           or args.resume or args.phase != 1)
+    if args.backend == "horovod" and horovod_unsupported:
+        p.error("--backend horovod measures phase 1 with Horovod's DistributedOptimizer: "
+                "--wrapper optimizer, --compression none or fp16, no --resume, --phase 1")
     if args.backend == "nccl" and args.device != "cuda":
         p.error("--backend nccl runs on GPUs: add --device cuda")
     if args.backend == "mpitrain" and args.wrapper == "ddp" and args.compression != "none":
-        p.error("mpitrain's DDP drop-in has no communication hooks: --compression needs "
-                "--wrapper optimizer")
+        p.error("this script gives --compression to DistributedOptimizer only: --compression "
+                "needs --wrapper optimizer")
 
 
 def bert_config(preset: str, vocab_size: int) -> Any:
@@ -264,6 +272,7 @@ def main(argv: list[str] | None = None) -> None:
         print_presets(args.vocab_size)
         return
     job = (MpitrainJob() if args.backend == "mpitrain"
+           else HorovodJob() if args.backend == "horovod"
            else TorchDDPJob(Path(args.output_dir), args.backend))
     job.check_fresh(args, Path(args.output_dir))  # before the slow imports and data
     train(args, job)
