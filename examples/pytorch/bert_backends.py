@@ -56,6 +56,7 @@ class MpitrainJob:
     def __init__(self) -> None:
         hvd.init()
         self.rank, self.size = hvd.rank(), hvd.size()
+        self.compressor: Any = None  # a DDP comm hook's state, checkpointed with the model
 
     def barrier(self) -> None:
         hvd.barrier()
@@ -74,12 +75,19 @@ class MpitrainJob:
     def distribute(self, args: argparse.Namespace, net: nn.Module,
                    optimizer: torch.optim.Optimizer, dataset: Any) -> tuple[Any, Any, Any]:
         sampler = hvd.DistributedSampler(dataset, shuffle=True, seed=args.seed)
+        if args.compression == "powersgd":
+            compression: Any = hvd.Compression.powersgd(rank=4, start_iter=powersgd_start(args))
+        else:
+            compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
+                           "bf16": hvd.Compression.bf16}[args.compression]
         if args.wrapper == "ddp":
             from mpitrain.torch.nn.parallel import DistributedDataParallel
 
-            return DistributedDataParallel(net), optimizer, sampler
-        compression = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16,
-                       "bf16": hvd.Compression.bf16}[args.compression]
+            ddp = DistributedDataParallel(net)
+            if args.compression == "powersgd":
+                self.compressor = compression
+                ddp.register_comm_hook(None, compression)
+            return ddp, optimizer, sampler
         optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=net.named_parameters(),
                                              compression=compression)
         hvd.broadcast_parameters(net.state_dict(), root_rank=0)
@@ -118,7 +126,7 @@ class MpitrainJob:
         template = _template(out, args.phase)
         if self._latest(out, args.phase) is not None:
             extra = hvd.load_checkpoint(template, model=model, optimizer=optimizer,
-                                        sampler=sampler)
+                                        sampler=sampler, compressor=self.compressor)
             for key in ("preset", "seq_len"):
                 if extra[key] != getattr(args, key):
                     raise SystemExit(f"{extra['path']} was written with --{key.replace('_', '-')}"
@@ -144,6 +152,7 @@ class MpitrainJob:
     def save(self, out: Path, args: argparse.Namespace, model: nn.Module,
              optimizer: torch.optim.Optimizer, sampler: Any, step: int, epoch: int) -> None:
         hvd.save_checkpoint(_template(out, args.phase), model=model, optimizer=optimizer,
+                            compressor=self.compressor,
                             sampler=sampler, keep_last=2, step=step, epoch=epoch,
                             preset=args.preset, seq_len=args.seq_len, phase=args.phase)
 
@@ -216,6 +225,11 @@ class HorovodJob:
 
     def shutdown(self) -> None:
         self.hv.shutdown()
+
+
+def powersgd_start(args: argparse.Namespace) -> int:
+    """PowerSGD's plain warm-up steps: torch suggests ~100s; a short run gets a fifth of it."""
+    return max(2, min(100, args.max_steps // 5))
 
 
 def _launcher_env(names: tuple[str, ...], default: int) -> int:
@@ -301,7 +315,13 @@ class TorchDDPJob:
                                      shuffle=True, seed=args.seed)
         ddp = nn.parallel.DistributedDataParallel(
             net, device_ids=[self.gpu] if args.device == "cuda" else None)
-        if args.compression == "fp16":
+        if args.compression == "powersgd":  # torch's own, beside mpitrain's
+            from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook
+
+            state = powerSGD_hook.PowerSGDState(None, matrix_approximation_rank=4,
+                                                start_powerSGD_iter=powersgd_start(args))
+            ddp.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+        elif args.compression == "fp16":
             ddp.register_comm_hook(None, default_hooks.fp16_compress_hook)
         elif args.compression == "bf16":
             ddp.register_comm_hook(None, default_hooks.bf16_compress_hook)

@@ -10,7 +10,8 @@ NVIDIA's recipe) or AdamW, linear warm-up then linear decay, gradient clipping a
 
 Gradients are averaged by ``hvd.DistributedOptimizer`` (``--wrapper optimizer``, Horovod's
 way) or by mpitrain's drop-in for torch's DDP (``--wrapper ddp``); ``--compression fp16`` or
-``bf16`` halves the bytes sent (DistributedOptimizer only).  ``--backend gloo`` runs the same
+``bf16`` halves the bytes sent (DistributedOptimizer only); ``--compression powersgd`` sends
+rank-4 PowerSGD factors with error feedback (both wrappers; torch's own hook with Gloo).  ``--backend gloo`` runs the same
 training on stock torch ``DistributedDataParallel`` over Gloo instead (rank and size from
 mpirun's environment, no MPI and no mpitrain collectives), for comparison; that path writes no
 checkpoints.  Rank 0 logs, shows the progress bar, and writes checkpoints atomically every
@@ -103,8 +104,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--wrapper", choices=("optimizer", "ddp"), default=None,
                    help="mpitrain: hvd.DistributedOptimizer (default) or the DDP drop-in; "
                    "gloo / nccl: ddp only")
-    p.add_argument("--compression", choices=("none", "fp16", "bf16"), default="none",
-                   help="gradients on the wire (DistributedOptimizer, or Gloo's comm hooks)")
+    p.add_argument("--compression", choices=("none", "fp16", "bf16", "powersgd"),
+                   default="none",
+                   help="gradients on the wire (DistributedOptimizer, or DDP comm hooks); "
+                   "powersgd: rank 4 with error feedback (mpitrain's, or torch's hook on Gloo)")
     p.add_argument("--output-dir", default=None, help="default: runs/bert-<preset>")
     p.add_argument("--checkpoint-every", type=int, default=200,
                    help="steps between checkpoints (and one at the end); 0: none")
@@ -170,16 +173,17 @@ def _check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if torch_ddp and args.resume:
         p.error(f"--backend {args.backend} is for measurement and writes no checkpoints: "
                 "no --resume")
-    horovod_unsupported = (args.wrapper != "optimizer" or args.compression == "bf16"
+    horovod_unsupported = (args.wrapper != "optimizer" or args.compression in ("bf16", "powersgd")
                            or args.resume or args.phase != 1)
     if args.backend == "horovod" and horovod_unsupported:
         p.error("--backend horovod measures phase 1 with Horovod's DistributedOptimizer: "
                 "--wrapper optimizer, --compression none or fp16, no --resume, --phase 1")
     if args.backend == "nccl" and args.device != "cuda":
         p.error("--backend nccl runs on GPUs: add --device cuda")
-    if args.backend == "mpitrain" and args.wrapper == "ddp" and args.compression != "none":
-        p.error("this script gives --compression to DistributedOptimizer only: --compression "
-                "needs --wrapper optimizer")
+    if args.backend == "mpitrain" and args.wrapper == "ddp" and \
+            args.compression not in ("none", "powersgd"):
+        p.error("with the DDP drop-in this script compresses with powersgd only: --compression "
+                f"{args.compression} needs --wrapper optimizer")
 
 
 def bert_config(preset: str, vocab_size: int) -> Any:
