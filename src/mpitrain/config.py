@@ -121,6 +121,8 @@ class Config:
     elastic_min_np: int = 0
     elastic_reset_limit: int = 0
     elastic_state_file: str = ""
+    elastic_commit_to_file: bool = True
+    elastic_control_dir: str = ""
 
 
 VARIABLES: tuple[Variable, ...] = (
@@ -195,6 +197,12 @@ VARIABLES: tuple[Variable, ...] = (
              "Restart-mode elastic training (mpitrainrun --elastic-restart, or an MPI without "
              "ULFM): rank 0 writes every commit here, atomically, and a restarted job resumes "
              "from it."),
+    Variable("elastic_commit_to_file", "MPITRAIN_ELASTIC_COMMIT_TO_FILE", _parse_bool,
+             "With a state file: write every commit to it (restart mode); 0: only when the job "
+             "stops at a commit to be restarted on new hosts (mpitrainrun sets this)."),
+    Variable("elastic_control_dir", "MPITRAIN_ELASTIC_CONTROL_DIR", _parse_str,
+             "Set by mpitrainrun --host-discovery-script: the directory where it tells the job "
+             "that hosts changed and the job's rank 0 records rosters, losses and stops."),
 )
 
 

@@ -40,10 +40,18 @@ def main() -> None:
     faulthandler.dump_traceback_later(float(os.environ.get("ELASTIC_TRAIN_HANG_S", "60")),
                                       exit=True)
     logdir, schedule = sys.argv[1], json.loads(sys.argv[2])
+    # Optional: {"hosts_file": F, "hosts": TEXT, "at": [epoch, batch]}: rank 0 writes TEXT to
+    # F (what the test's discovery script prints) when it reaches that batch, once per job.
+    grow = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
     original = MPI.COMM_WORLD.Get_rank()
     die_at = schedule.get(str(original))
-    log: dict = {"rank": original, "batches": [], "resets": 0, "sizes": [], "recovered_at": []}
+    log: dict = {"rank": original, "batches": [], "resets": 0, "sizes": [], "recovered_at": [],
+                 "launches": 0}
     path = os.path.join(logdir, f"rank{original}.json")
+    if grow is not None and os.path.exists(path):
+        with open(path) as f:  # restarted on new hosts: one log across the launches
+            log = json.load(f)
+    log["launches"] += 1
 
     def write_log() -> None:
         with open(path + ".tmp", "w") as f:
@@ -103,13 +111,24 @@ def main() -> None:
                     # Die halfway through the backward pass: the gradients computed so far
                     # are already being reduced by the other ranks' engines.
                     next(model.parameters()).register_hook(lambda grad: die())
+                if grow is not None:
+                    time.sleep(grow.get("step_s", 0))  # time for the driver to notice
                 optimizer.zero_grad()
                 loss = torch.nn.functional.mse_loss(model(x).squeeze(1), y)
                 loss.backward()
                 optimizer.step()
                 state.sampler.record_batch(state.batch, BATCH)
                 state.batch += 1
-                state.commit()
+                if grow is not None and [state.epoch, state.batch] == grow["at"] and \
+                        original == 0 and log["launches"] == 1:
+                    with open(grow["hosts_file"], "w") as f:
+                        f.write(grow["hosts"])
+                try:
+                    state.commit()
+                except hvd.elastic.HostsUpdatedInterrupt:  # committed, then stopping to grow
+                    log["batches"].append([state.epoch, idx.tolist()])
+                    write_log()
+                    raise
                 log["batches"].append([state.epoch, idx.tolist()])
                 if len(log["recovered_at"]) < log["resets"]:  # first step after a reset
                     log["recovered_at"].append(time.time())

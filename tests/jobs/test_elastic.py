@@ -184,3 +184,79 @@ def test_restart_mode_resumes_the_job_from_rank_zeros_last_commit(tmp_path):
         assert log["sizes"] == [3] and log["resets"] == 0
     assert len({log["params"] for log in logs.values()}) == 1
     assert state_file.exists()  # named by the user: kept
+
+
+def _driver_argv(tmp_path, np_, max_np, extra, schedule, grow):
+    hosts_file = tmp_path / "hosts"
+    return [sys.executable, "-m", "mpitrain.runner.launch", "-np", str(np_), "--max-np",
+            str(max_np), "--host-discovery-script", f"cat {hosts_file}",
+            "--discovery-interval", "0.3", *extra, sys.executable, str(SCRIPT), str(tmp_path),
+            json.dumps(schedule), json.dumps({"hosts_file": str(hosts_file), **grow})]
+
+
+def _check_every_sample_once(logs, np_):
+    for epoch in range(EPOCHS):
+        seen = [i for log in logs.values() for e, batch in log["batches"] if e == epoch
+                for i in batch]
+        assert set(seen) == set(range(SAMPLES)), f"epoch {epoch} skipped samples"
+        assert len(seen) - SAMPLES < 2 * np_, f"epoch {epoch} repeated {len(seen) - SAMPLES}"
+
+
+@pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
+def test_a_host_added_by_the_discovery_script_grows_the_job_at_a_commit(tmp_path):
+    """mpitrainrun --host-discovery-script: the script lists localhost:2, then (written by
+    rank 0 in epoch 1) localhost:3.  The driver notices, the job stops at its next commit
+    (rank 0 writes it to the state file), and the driver starts it again on 3 ranks, which
+    resume from that commit: every sample of every epoch once, equal parameters."""
+    import subprocess
+
+    from support import job_env
+
+    (tmp_path / "hosts").write_text("localhost:2\n")
+    argv = _driver_argv(tmp_path, 2, 3, [], {},
+                        {"hosts": "localhost:3\n", "at": [1, 2], "step_s": 0.1})
+    proc = subprocess.run(argv, env=job_env(), capture_output=True, text=True, timeout=170,
+                          cwd=tmp_path)
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    assert "starting 2 rank(s) on localhost:2" in proc.stderr, output
+    assert "3 rank(s) could run where 2 do" in proc.stderr, output
+    assert "stopping at this commit (size 2)" in proc.stderr, output
+    assert "starting 3 rank(s) on localhost:3" in proc.stderr, output
+    assert "resuming from the commit in" in proc.stderr, output
+    logs = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    assert sorted(logs) == [0, 1, 2], output
+    assert logs[0]["sizes"] == logs[1]["sizes"] == [2, 3] and logs[2]["sizes"] == [3]
+    assert len({log["params"] for log in logs.values()}) == 1, "parameters differ"
+    _check_every_sample_once(logs, 3)
+    assert not list(tmp_path.glob(".mpitrain-elastic-*")), "state file or control dir left"
+
+
+@pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
+def test_a_failed_host_is_blacklisted_then_used_again_after_its_cooldown(tmp_path):
+    """Rank 1 of 3 dies: the survivors continue in place on 2 ranks, the driver blacklists
+    its host (this machine) for 1-2 s, so nothing is restarted at once; after the cooldown
+    the host counts again, 3 ranks could run where 2 do, and the job grows back to 3 at a
+    commit."""
+    import subprocess
+
+    from support import job_env
+
+    (tmp_path / "hosts").write_text("localhost:3\n")
+    argv = _driver_argv(tmp_path, 3, 3, ["--blacklist-cooldown-range", "1", "2"],
+                        {"1": [0, 2]}, {"hosts": "localhost:3\n", "at": [-1, -1],
+                                        "step_s": 0.15})
+    proc = subprocess.run(argv, env=job_env(), capture_output=True, text=True, timeout=170,
+                          cwd=tmp_path)
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    assert re.search(r"blacklisting host \S+ \(a rank failed there\) for [12] s", proc.stderr), \
+        output
+    assert "continuing on 2 of 3 ranks" in proc.stderr, output
+    assert "3 rank(s) could run where 2 do" in proc.stderr, output
+    assert proc.stderr.count("starting 3 rank(s) on localhost:3") == 2, output
+    logs = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    assert logs[0]["sizes"] == [3, 2, 3], logs[0]["sizes"]
+    assert logs[1]["launches"] == 2 and "died_at" in logs[1]
+    assert len({log["params"] for log in logs.values()}) == 1, "parameters differ"
+    _check_every_sample_once(logs, 3)

@@ -276,11 +276,23 @@ def test_auto_detects_the_installed_open_mpi(capsys):
 
 @pytest.mark.parametrize(("args", "message"), [
     ("--mpi openmpi -np 4 --min-np 5 python t.py", "--min-np 5 is more than -np 4"),
-    ("--mpi openmpi -np 4 --max-np 8 python t.py", "does not add ranks"),
-    ("--mpi openmpi -np 4 --host-discovery-script ./d.sh python t.py", "not supported"),
-    ("--mpi openmpi -np 4 --blacklist-cooldown-range 10 100 python t.py", "not supported"),
+    ("--mpi openmpi -np 4 --max-np 8 python t.py", "a job grows only onto hosts a "
+                                                   "--host-discovery-script lists"),
+    ("--mpi openmpi -np 4 --max-np 2 --host-discovery-script 'echo a:4' python t.py",
+     "--max-np 2 is less than -np 4"),
+    ("--mpi openmpi -np 4 -H a:4 --host-discovery-script 'echo a:4' python t.py",
+     "give one (the script may print a fixed list)"),
+    ("--mpi openmpi -np 4 --blacklist-cooldown-range 10 100 python t.py",
+     "applies to the hosts of a --host-discovery-script"),
+    ("--mpi openmpi -np 4 --host-discovery-script 'echo a:4' --blacklist-cooldown-range 9 1 "
+     "python t.py", "the lower bound is above the upper one"),
+    ("--mpi openmpi -np 4 --host-discovery-script 'exit 3' python t.py",
+     "host discovery 'exit 3' exited with status 3"),
+    ("--mpi openmpi -np 4 --host-discovery-script 'echo a:x' python t.py",
+     "line 1: 'a:x' is not 'host' or 'host:slots'"),
+    ("--mpi openmpi -np 4 --host-discovery-script 'true' python t.py", "lists no hosts"),
 ])
-def test_elastic_options_mpitrain_cannot_honour_are_refused(machine, capsys, args, message):
+def test_elastic_options_that_contradict_are_refused(machine, capsys, args, message):
     code, out, err = dry(capsys, ["--mpirun", "mpirun", *shlex.split(args)])
     assert code != 0 and out == ""
     assert message in err
@@ -299,3 +311,17 @@ def test_without_ulfm_elastic_means_restarting_from_the_state_file(machine, caps
     plan = launch.make_plan(launch.build_parser().parse_args(shlex.split(args)), BASE,
                             launch.Flavor(args.split()[1]), "mpirun", 8, True)
     assert (plan.restarts, plan.state_file, plan.keep_state_file) == (3, "/ck/s.pkl", True)
+
+
+def test_host_discovery_plans_the_first_launch_on_the_hosts_the_script_lists(machine, capsys):
+    """--dry-run with a discovery script prints the first launch: -np ranks placed on the
+    listed hosts in order, ULFM on, the state file and control directory passed, commits
+    not written to the file (only when the job stops to grow)."""
+    code, out, err = dry(capsys, shlex.split(
+        "--mpi openmpi --mpirun mpirun -np 3 --max-np 8 --host-discovery-script "
+        "'printf \"b:2\\na\\n\"' --elastic-state-file /ck/s.pkl python t.py"))
+    assert (code, err) == (0, "")
+    assert "--host b:2,a:1" in out and "-np 3" in out and "--with-ft ulfm" in out
+    assert "MPITRAIN_ELASTIC_STATE_FILE=/ck/s.pkl" in out
+    assert "MPITRAIN_ELASTIC_CONTROL_DIR=/ck/s.pkl.control" in out
+    assert "MPITRAIN_ELASTIC_COMMIT_TO_FILE=0" in out

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .. import collectives, runtime, session
+from .. import collectives, elastic_control, runtime, session
 from ..errors import ElasticLimitError, HorovodInternalError, HostsUpdatedInterrupt
 from .state import State
 
@@ -43,6 +43,14 @@ def _record_hosts() -> None:
                                          name="elastic.hosts")
     _hosts.clear()
     _hosts.update(dict(pairs))
+    _tell_driver("roster", hosts={str(r): h for r, h in sorted(_hosts.items())})
+
+
+def _tell_driver(event: str, **fields: Any) -> None:
+    """Rank 0 records an event for mpitrainrun's elastic driver, when one runs the job."""
+    directory = runtime.state().config.elastic_control_dir
+    if directory and runtime.rank() == 0:
+        elastic_control.append_event(directory, event, **fields)
 
 
 def _check_limits(lost: list[int], before: int) -> None:
@@ -67,6 +75,8 @@ def rebuild_job() -> None:
     before = runtime.size()
     lost = session.rebuild()
     _resets += 1
+    _tell_driver("lost", ranks=lost, hosts=[_hosts.get(r, "?") for r in lost],
+                 size=runtime.size())
     _check_limits(lost, before)
     if runtime.rank() == 0:
         gone = (f"lost world rank(s) {lost} on host(s) "
@@ -96,11 +106,35 @@ def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R
                 state.restore()  # back to the last commit: the failed step may be half done
                 skip_sync = False
             except HostsUpdatedInterrupt as interrupt:
+                if runtime.is_initialized() and runtime.state().config.elastic_control_dir:
+                    stop_for_new_hosts(state)
                 skip_sync = interrupt.skip_sync
             reset()
             state.on_reset()
 
     return wrapper
+
+
+def stop_for_new_hosts(state: State) -> None:
+    """End this job at the commit just made, so that mpitrainrun starts it again on the hosts
+    its discovery script now lists (every rank, together: the interrupt was broadcast).
+
+    The job grows by a restart, not by spawning ranks into it (``MPI_Comm_spawn`` onto the
+    new hosts, then merging them into a communicator that may have survived ULFM shrinks):
+    a restart works the same under every MPI and launcher (srun, MPICH, Open MPI with and
+    without ULFM) and costs seconds at a commit point.  Rank 0 writes the commit to the state file, tells
+    the driver, and every rank exits with status 0; the restarted job resumes from that
+    commit (:func:`resume_from_state_file`).
+    """
+    state.write_state_file()
+    _tell_driver("stopping", reason="hosts updated", size=runtime.size())
+    if runtime.rank() == 0:
+        sys.stderr.write(f"mpitrain elastic: the hosts changed; stopping at this commit "
+                         f"(size {runtime.size()}) so that mpitrainrun restarts the job on "
+                         "them\n")
+        sys.stderr.flush()
+    session.shutdown()
+    raise SystemExit(0)
 
 
 def run(func: Callable[..., R]) -> Callable[..., R]:

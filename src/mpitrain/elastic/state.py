@@ -22,7 +22,7 @@ import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import files, runtime
+from .. import elastic_control, files, runtime
 from ..errors import HostsUpdatedInterrupt
 
 
@@ -87,9 +87,12 @@ class State:
 
     def _persist(self) -> None:
         """In restart mode, rank 0 writes the commit to the state file (see the module)."""
-        if not runtime.is_initialized():
-            return
-        path = runtime.state().config.elastic_state_file
+        if runtime.is_initialized() and runtime.state().config.elastic_commit_to_file:
+            self.write_state_file()
+
+    def write_state_file(self) -> None:
+        """Rank 0 writes the last commit to the job's state file, if it has one (atomically)."""
+        path = runtime.state().config.elastic_state_file if runtime.is_initialized() else ""
         if path and self._rank() == 0:
             files.write_atomic(path, pickle.dumps(self.snapshot(),
                                                   protocol=pickle.HIGHEST_PROTOCOL))
@@ -110,6 +113,7 @@ class State:
         Collective: the news is broadcast from rank 0, so every rank raises at the same
         commit (or none does).
         """
+        self._poll_driver()
         prev = last = self._last_updated_timestamp
         update = HostUpdateResult.no_update
         while not self._host_messages.empty():
@@ -122,6 +126,17 @@ class State:
         if last > prev:
             # Only removals: the survivors hold the same state already, no sync needed.
             raise HostsUpdatedInterrupt(HostUpdateResult(update) == HostUpdateResult.removed)
+
+    def _poll_driver(self) -> None:
+        """Rank 0, under ``mpitrainrun --host-discovery-script``: take the driver's latest
+        notice (see :mod:`mpitrain.elastic_control`); the broadcast in
+        :meth:`check_host_updates` hands it to every rank."""
+        if not runtime.is_initialized() or self._rank() != 0:
+            return
+        directory = runtime.state().config.elastic_control_dir
+        notice = elastic_control.read_notice(directory) if directory else None
+        if notice is not None and notice[0] > self._last_updated_timestamp:
+            self.on_hosts_updated(notice[0], HostUpdateResult(notice[1]))
 
     def save(self) -> None:
         """Copy the state to host memory."""

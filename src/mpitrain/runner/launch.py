@@ -20,15 +20,17 @@ import argparse
 import os
 import shlex
 import shutil
-import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import NamedTuple
 
 from . import allocation, build_info
+from .discovery import Blacklist, DiscoveryError, DiscoveryScript
+from .discovery import place as place_on_hosts
+from .elastic_driver import DriverOptions, ElasticDriver, forwarding_signals, layout_string
 from .hosts import HostfileError, HostSlots, parse_hosts_string, place, read_hostfile, with_slots
 from .launch_options import (
     build_parser,
@@ -62,6 +64,16 @@ class Plan:
     restarts: int | None = None
     state_file: str | None = None
     keep_state_file: bool = False
+    control_dir: str | None = None  # with --host-discovery-script: see mpitrain.elastic_control
+    in_place: bool = False  # survivors continue in place (ULFM)
+
+
+class _Restart(NamedTuple):
+    restarts: int
+    state_file: str
+    keep_state_file: bool
+    control_dir: str | None
+    in_place: bool
 
 
 DEFAULT_RESTARTS = 3
@@ -104,29 +116,38 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     if args.np is None:
         raise ValueError("-np N is required: how many processes to start")
     mpi_args = shlex.split(args.mpi_args)
-    restart: tuple[int, str, bool] | None = None  # (restarts, state file, keep it)
+    restart: _Restart | None = None
     elastic = elastic_requested(args)
+    in_place = discovery = False
     if elastic:
-        check_elastic(args)
+        if not getattr(args, "placed_by_driver", False):
+            check_elastic(args)
         through_mpirun = srun is None or args.launcher == "mpirun"
         in_place = flavor == Flavor.OPENMPI and not args.elastic_restart and through_mpirun
-        if in_place:
-            if "--with-ft" not in mpi_args:
-                mpi_args = ["--with-ft", "ulfm", *mpi_args]
-        else:
-            # No ULFM (or asked not to use it): restart the job from rank 0's last commit.
+        discovery = args.host_discovery_script is not None
+        if in_place and "--with-ft" not in mpi_args:
+            mpi_args = ["--with-ft", "ulfm", *mpi_args]
+        if not in_place or discovery:
+            # No ULFM (or asked not to use it): restart the job from rank 0's last commit;
+            # with discovery, also to grow it onto new hosts.
             state_file = os.path.abspath(args.elastic_state_file or
                                          f".mpitrain-elastic-{os.getpid()}.pkl")
             limit = DEFAULT_RESTARTS if args.reset_limit is None else args.reset_limit
-            restart = (limit, state_file, args.elastic_state_file is not None)
+            restart = _Restart(limit, state_file, args.elastic_state_file is not None,
+                               state_file + ".control" if discovery else None, in_place)
     oversubscribe = any(a in _OVERSUBSCRIBE_FLAGS for a in mpi_args)
     settings, extra_names = user_env(args.env, environ)
     settings = {**settings_from_args(args), **settings}
     if restart is not None:
-        # The launcher counts restarts, and a restarted job always has all its ranks.
-        settings.pop("MPITRAIN_ELASTIC_RESET_LIMIT", None)
-        settings.pop("MPITRAIN_ELASTIC_MIN_NP", None)
-        settings["MPITRAIN_ELASTIC_STATE_FILE"] = restart[1]
+        if not in_place:
+            # The launcher counts restarts, and a restarted job always has all its ranks.
+            settings.pop("MPITRAIN_ELASTIC_RESET_LIMIT", None)
+            settings.pop("MPITRAIN_ELASTIC_MIN_NP", None)
+        settings["MPITRAIN_ELASTIC_STATE_FILE"] = restart.state_file
+        if restart.control_dir is not None:
+            settings["MPITRAIN_ELASTIC_CONTROL_DIR"] = restart.control_dir
+            if in_place:  # the file is needed only when the job stops to grow
+                settings["MPITRAIN_ELASTIC_COMMIT_TO_FILE"] = "0"
     hosts, alloc = _host_source(args, environ)
     if hosts is not None and args.npernode is not None:
         hosts = with_slots(hosts, args.npernode)
@@ -175,9 +196,10 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
                          restart)
 
 
-def _with_restart(plan: Plan, restart: tuple[int, str, bool] | None) -> Plan:
+def _with_restart(plan: Plan, restart: _Restart | None) -> Plan:
     if restart is not None:
-        plan.restarts, plan.state_file, plan.keep_state_file = restart
+        plan.restarts, plan.state_file, plan.keep_state_file = restart[:3]
+        plan.control_dir, plan.in_place = restart.control_dir, restart.in_place
     return plan
 
 
@@ -234,16 +256,35 @@ def check_hosts_resolve(hosts: Sequence[str]) -> None:
 def _run(argv: list[str]) -> int:
     """Run the launcher, passing SIGINT/SIGTERM on to it, and return its exit code."""
     proc = subprocess.Popen(argv)
-
-    def forward(signum: int, _frame: Any) -> None:
-        proc.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with forwarding_signals(proc):
         return proc.wait()
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+
+
+def run_elastic(args: argparse.Namespace, plan_for: Callable[[list[HostSlots]], Plan],
+                first: Plan) -> int:
+    """``--host-discovery-script``: the elastic driver (:mod:`.elastic_driver`) runs the job,
+    each launch planned by ``plan_for(layout)``; ``first`` is a plan for its files."""
+    assert first.state_file is not None and first.control_dir is not None
+    script = DiscoveryScript(args.host_discovery_script, args.slots)
+    cooldown = args.blacklist_cooldown_range
+    options = DriverOptions(
+        np=args.np, min_np=args.min_np or 1, max_np=args.max_np or args.np,
+        restarts=first.restarts or 0, elastic_timeout_s=args.elastic_timeout,
+        interval_s=args.discovery_interval, control_dir=first.control_dir,
+        state_file=first.state_file, keep_state_file=first.keep_state_file)
+
+    def command_for(layout: list[HostSlots]) -> list[str]:
+        plan = plan_for(layout)
+        check_hosts_resolve(plan.hosts_to_resolve)
+        if args.verbose:
+            print(f"mpitrainrun: {shlex.join(plan.argv)}", file=sys.stderr)
+        return plan.argv
+
+    driver = ElasticDriver(options, script.find,
+                           Blacklist((float(cooldown[0]), float(cooldown[1]))
+                                     if cooldown else None),
+                           command_for)
+    return driver.run()
 
 
 def _default_launcher(mpi: str, environ: Mapping[str, str]) -> str:
@@ -281,10 +322,27 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         else:  # only to pick srun's --mpi= plugin
             flavor = Flavor(args.mpi) if args.mpi != "auto" else _installed_flavor(env)
         as_root = hasattr(os, "geteuid") and os.geteuid() == 0
-        plan = make_plan(args, env, flavor, launcher, _cores(), as_root, srun)
+
+        def plan_for(layout: list[HostSlots]) -> Plan:
+            # One launch of the elastic driver: its hosts are placed (checked once, below).
+            placed = argparse.Namespace(**vars(args), placed_by_driver=True)
+            placed.hosts, placed.np = layout_string(layout), sum(h.slots for h in layout)
+            return make_plan(placed, env, flavor, launcher, _cores(), as_root, srun)
+
+        if args.host_discovery_script is not None:
+            check_elastic(args)
+            # Plan once on the hosts the script lists now: checks the options, names the
+            # files, and is what --dry-run prints.
+            first_hosts = DiscoveryScript(args.host_discovery_script, args.slots).find()
+            if not first_hosts:
+                raise ValueError(f"host discovery {args.host_discovery_script!r} lists no "
+                                 "hosts")
+            plan = plan_for(place_on_hosts(first_hosts, list(first_hosts), args.np))
+        else:
+            plan = make_plan(args, env, flavor, launcher, _cores(), as_root, srun)
         if not args.dry_run:
             check_hosts_resolve(plan.hosts_to_resolve)
-    except (ValueError, FileNotFoundError) as exc:
+    except (ValueError, FileNotFoundError, DiscoveryError) as exc:
         kind = "hostfile" if isinstance(exc, HostfileError) else "error"
         print(f"mpitrainrun: {kind}: {exc}", file=sys.stderr)
         return 2
@@ -294,6 +352,8 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     if args.verbose:
         print(f"mpitrainrun: {plan.placement}", file=sys.stderr)
         print(f"mpitrainrun: {shlex.join(plan.argv)}", file=sys.stderr)
+    if args.host_discovery_script is not None:
+        return run_elastic(args, plan_for, plan)
     if plan.restarts is not None:
         return run_restarting(plan)
     return _run(plan.argv)

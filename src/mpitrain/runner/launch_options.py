@@ -128,8 +128,8 @@ def build_parser() -> argparse.ArgumentParser:
     elastic.add_argument("--min-np", type=_pos_int, metavar="N",
                          help="end the job when fewer than N ranks survive a failure")
     elastic.add_argument("--max-np", type=_pos_int, metavar="N",
-                         help="Horovod's upper bound; mpitrain does not add ranks to a running "
-                              "job, so N must equal -np")
+                         help="with --host-discovery-script: grow the job up to N ranks when "
+                              "hosts are added (default: -np); without it N must equal -np")
     elastic.add_argument("--reset-limit", type=_nonneg_int, metavar="N",
                          help="end the job after N recoveries (0: no limit); in restart mode, "
                               "restart at most N times (default 3)")
@@ -142,9 +142,24 @@ def build_parser() -> argparse.ArgumentParser:
                               "succeeds; a file you name is kept, and a new job resumes "
                               "from it)")
     elastic.add_argument("--host-discovery-script", metavar="SCRIPT",
-                         help="Horovod's host discovery; not supported (see --help's note)")
-    elastic.add_argument("--blacklist-cooldown-range", nargs=2, type=int, metavar=("A", "B"),
-                         help="Horovod's blacklist cooldown; not supported")
+                         help="a shell command printing the usable hosts, one 'host[:slots]' "
+                              "per line; run every --discovery-interval seconds. When hosts "
+                              "are added (or one in use is removed) the job stops at its next "
+                              "commit and is restarted on them from that commit; hosts where "
+                              "a rank failed are blacklisted")
+    elastic.add_argument("--slots", type=_pos_int, default=1, metavar="N",
+                         help="slots of a host the discovery script lists without ':slots' "
+                              "(default 1)")
+    elastic.add_argument("--blacklist-cooldown-range", nargs=2, type=_nonneg_int,
+                         metavar=("A", "B"),
+                         help="use a blacklisted host again after a cooldown: about A seconds "
+                              "after its first failure, doubling with each further one, at "
+                              "most B (default: never again)")
+    elastic.add_argument("--elastic-timeout", type=_nonneg_float, default=600.0, metavar="S",
+                         help="wait at most S seconds for --min-np slots to be available "
+                              "(default 600)")
+    elastic.add_argument("--discovery-interval", type=_nonneg_float, default=1.0, metavar="S",
+                         help="seconds between runs of the discovery script (default 1)")
 
     mode = parser.add_argument_group("what to do")
     mode.add_argument("--dry-run", action="store_true",
@@ -203,23 +218,35 @@ def elastic_requested(args: argparse.Namespace) -> bool:
 
 
 def check_elastic(args: argparse.Namespace) -> None:
-    """Refuse elastic options mpitrain cannot honour, saying what it does instead.
+    """Refuse elastic options that contradict each other, saying what to give instead.
 
     Raises:
-        ValueError: --min-np above -np, --max-np other than -np, or host discovery /
-            blacklisting (mpitrain shrinks a job in place; it does not grow one).
+        ValueError: --min-np above -np; --max-np below -np, or other than -np without a
+            discovery script (only discovered hosts can grow a job); a discovery script
+            together with -H/--hostfile; a cooldown range without a discovery script or
+            with A > B.
     """
-    if args.host_discovery_script is not None or args.blacklist_cooldown_range is not None:
-        raise ValueError("--host-discovery-script and --blacklist-cooldown-range are not "
-                         "supported: mpitrain keeps training on the survivors when ranks are "
-                         "lost (--min-np, --reset-limit) but does not add hosts to a running "
-                         "job; restart it from a checkpoint with the new hosts")
+    discovery = args.host_discovery_script is not None
     if args.np is not None and args.min_np is not None and args.min_np > args.np:
         raise ValueError(f"--min-np {args.min_np} is more than -np {args.np}")
-    if args.np is not None and args.max_np is not None and args.max_np != args.np:
-        raise ValueError(f"--max-np {args.max_np} differs from -np {args.np}: mpitrain does not "
-                         "add ranks to a running job (it continues on fewer); give -np the "
-                         "size to start with")
+    if args.np is not None and args.max_np is not None:
+        if args.max_np < args.np:
+            raise ValueError(f"--max-np {args.max_np} is less than -np {args.np}")
+        if args.max_np != args.np and not discovery:
+            raise ValueError(f"--max-np {args.max_np} differs from -np {args.np}: a job grows "
+                             "only onto hosts a --host-discovery-script lists; give one, or "
+                             "give -np the size to start with")
+    if discovery and (args.hosts is not None or args.hostfile is not None):
+        raise ValueError("--host-discovery-script and -H/--hostfile both say where to run: "
+                         "give one (the script may print a fixed list)")
+    cooldown = args.blacklist_cooldown_range
+    if cooldown is not None:
+        if not discovery:
+            raise ValueError("--blacklist-cooldown-range applies to the hosts of a "
+                             "--host-discovery-script; give one")
+        if cooldown[0] > cooldown[1]:
+            raise ValueError(f"--blacklist-cooldown-range {cooldown[0]} {cooldown[1]}: the "
+                             "lower bound is above the upper one")
 
 
 def user_env(items: Sequence[str],

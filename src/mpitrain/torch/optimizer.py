@@ -292,6 +292,16 @@ class _DistributedOptimizer(GradientHooks):
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
 
+    def abandon_step(self) -> None:
+        """Forget a step that failed halfway (elastic training calls this when it restores a
+        commit): requests submitted from a backward pass that a lost rank interrupted are
+        dropped, and the next backward pass counts from the start, instead of being taken
+        for one pass too many."""
+        self._end_round()
+        for group in self._group_ready:
+            self._group_ready[group] = 0
+        self._synchronized = self._synchronized_for_scaler = False
+
     def _write_back(self, p: torch.Tensor, output: torch.Tensor, ctx: Any) -> None:
         assert p.grad is not None
         if ctx is None and output.data_ptr() == p.grad.data_ptr():

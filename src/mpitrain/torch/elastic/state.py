@@ -85,6 +85,9 @@ class OptimizerStateHandler(StateHandler):
         self._saved_optimizer_state = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
+        abandon = getattr(self.value, "abandon_step", None)
+        if abandon is not None:  # a DistributedOptimizer: drop the failed step's requests
+            abandon()
         self.value.load_state_dict(self._saved_optimizer_state)
 
     def sync(self) -> None:
