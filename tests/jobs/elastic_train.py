@@ -7,7 +7,8 @@ The schedule maps an original rank to ``[epoch, batch]``: that rank SIGKILLs its
 job, also when the job is restarted) before
 that batch's forward pass (so every rank has committed the batch before it); with
 ``[epoch, batch, "backward"]`` it dies when its first layer's gradient is computed, the last
-of the backward pass, while the other gradients are in flight; with ``"rebuild"`` it dies in
+of the backward pass, while the other gradients are in flight; with ``[epoch, batch, "host"]`` it kills every process of its network namespace, Open
+MPI's daemon included (a host of tools/netns_cluster.py dying); with ``"rebuild"`` it dies in
 the first rebuild, right after the survivors' shrink (a manual probe: the survivors recover,
 but Open MPI 5.0.11's MPI_Finalize then sometimes hangs, see test_elastic.py).  Every rank logs,
 after each commit, the batch's sample indices; a dying rank its time of death; a survivor
@@ -18,6 +19,7 @@ parameters.
 
 from __future__ import annotations
 
+import contextlib
 import faulthandler
 import hashlib
 import json
@@ -82,6 +84,25 @@ def main() -> None:
         open(marker, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
 
+    def die_with_host() -> None:
+        """The whole host dies: every process of this network namespace (a host of the
+        namespace cluster, tools/netns_cluster.py), Open MPI's daemon included."""
+        if os.environ.get("ELASTIC_TRAIN_NETNS_HOST") != "1":  # never on a real machine
+            raise RuntimeError("'host' deaths need ELASTIC_TRAIN_NETNS_HOST=1 (namespace hosts)")
+        mine = os.readlink("/proc/self/ns/net")
+        log["died_at"] = time.time()
+        write_log()
+        open(marker, "w").close()
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                same = os.readlink(f"/proc/{pid}/ns/net") == mine
+            except OSError:
+                continue
+            if same and int(pid) != os.getpid():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
     def on_reset() -> None:
         log["resets"] += 1
         log["sizes"].append(hvd.size())
@@ -107,6 +128,8 @@ def main() -> None:
             for x, y, idx in loader:
                 if die_at == [state.epoch, state.batch]:
                     die()
+                if die_at == [state.epoch, state.batch, "host"]:
+                    die_with_host()
                 if die_at == [state.epoch, state.batch, "backward"]:
                     # Die halfway through the backward pass: the gradients computed so far
                     # are already being reduced by the other ranks' engines.
@@ -133,6 +156,8 @@ def main() -> None:
                 if len(log["recovered_at"]) < log["resets"]:  # first step after a reset
                     log["recovered_at"].append(time.time())
                 write_log()
+            if hvd.rank() == 0:
+                print(f"epoch {state.epoch} done on {hvd.size()} ranks", flush=True)
             # Counters and sampler move to the next epoch in one commit (Horovod's end_epoch).
             state.epoch += 1
             state.batch = 0
