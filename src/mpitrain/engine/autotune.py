@@ -18,7 +18,8 @@ A variable the user set (``MPITRAIN_FUSION_THRESHOLD``, ``HOROVOD_CYCLE_TIME``,
 iteration submits the same gradients again).  Names the engine generates for unnamed requests
 never come back, so for them every cycle that moves data counts as a step.  The first
 ``warmup_samples`` samples (compilation, first-touch of buffers, the calibration of ``auto``)
-are measured with the starting setting and discarded.
+are measured with the starting setting and discarded, and so is the first sample of every
+(algorithm, channels) pair not run before, which pays that pair's set-up.
 
 **Search**: coordinate descent over a fixed grid of candidates per parameter.  Starting from
 the configured setting, it measures every value of one parameter with the others held at the
