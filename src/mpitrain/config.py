@@ -123,6 +123,14 @@ class Config:
     elastic_state_file: str = ""
     elastic_commit_to_file: bool = True
     elastic_control_dir: str = ""
+    autotune: bool = False
+    autotune_log: str = ""
+    autotune_warmup_samples: int = 3
+    autotune_steps_per_sample: int = 10
+    autotune_max_samples: int = 20
+    # The Config fields whose value was given (environment or override) rather than defaulted:
+    # autotune leaves those alone, as Horovod does with a variable the user set.
+    explicit: frozenset[str] = frozenset()
 
 
 VARIABLES: tuple[Variable, ...] = (
@@ -203,6 +211,22 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("elastic_control_dir", "MPITRAIN_ELASTIC_CONTROL_DIR", _parse_str,
              "Set by mpitrainrun --host-discovery-script: the directory where it tells the job "
              "that hosts changed and the job's rank 0 records rosters, losses and stops."),
+    Variable("autotune", "MPITRAIN_AUTOTUNE", _parse_bool,
+             "Tune fusion threshold, cycle time, allreduce algorithm and channels on the running "
+             "job (rank 0 times, every rank applies its choice at the same cycle), then keep the "
+             "best; a variable set explicitly is not tuned.", ("HOROVOD_AUTOTUNE",)),
+    Variable("autotune_log", "MPITRAIN_AUTOTUNE_LOG", _parse_str,
+             "CSV file where rank 0 writes one row per autotune sample and the frozen choice.",
+             ("HOROVOD_AUTOTUNE_LOG",)),
+    Variable("autotune_warmup_samples", "MPITRAIN_AUTOTUNE_WARMUP_SAMPLES", _parse_nonneg_int,
+             "Autotune samples measured and discarded before the first trial.",
+             ("HOROVOD_AUTOTUNE_WARMUP_SAMPLES",)),
+    Variable("autotune_steps_per_sample", "MPITRAIN_AUTOTUNE_STEPS_PER_SAMPLE", _parse_pos_int,
+             "Training steps (a tensor name coming back) per autotune sample.",
+             ("HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE",)),
+    Variable("autotune_max_samples", "MPITRAIN_AUTOTUNE_MAX_SAMPLES", _parse_pos_int,
+             "Autotune trials (settings measured) before the best is frozen.",
+             ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES",)),
 )
 
 
@@ -243,6 +267,7 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
             warnings.warn(f"mpitrain: ignoring {name}={raw!r} ({exc}); using the default "
                           f"{getattr(Config, var.field)!r}", RuntimeWarning, stacklevel=2)
     values.update(overrides)
+    values["explicit"] = frozenset(values)
     if values.get("hierarchical_allreduce") and values.get("allreduce_algorithm", "auto") == "auto":
         values["allreduce_algorithm"] = "hierarchical"
     return Config(**values)

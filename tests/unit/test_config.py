@@ -77,3 +77,41 @@ def test_good_values_do_not_warn():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         config.load({"MPITRAIN_ALLREDUCE_ALGORITHM": "RING", "MPITRAIN_BIND_DEVICE": "no"})
+
+
+def test_autotune_variables_and_their_horovod_names():
+    cfg = config.load({"HOROVOD_AUTOTUNE": "1", "HOROVOD_AUTOTUNE_LOG": "/tmp/t.csv",
+                       "HOROVOD_AUTOTUNE_WARMUP_SAMPLES": "0",
+                       "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE": "4",
+                       "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "7"})
+    assert (cfg.autotune, cfg.autotune_log, cfg.autotune_warmup_samples,
+            cfg.autotune_steps_per_sample, cfg.autotune_max_samples) == (
+        True, "/tmp/t.csv", 0, 4, 7)
+    defaults = config.load({})
+    assert (defaults.autotune, defaults.autotune_warmup_samples,
+            defaults.autotune_steps_per_sample, defaults.autotune_max_samples) == (
+        False, 3, 10, 20)  # Horovod's defaults
+    assert config.load({"MPITRAIN_AUTOTUNE_MAX_SAMPLES": "3",
+                        "HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES": "9"}).autotune_max_samples == 3
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("MPITRAIN_AUTOTUNE", "sometimes"),
+    ("HOROVOD_AUTOTUNE", "2"),
+    ("MPITRAIN_AUTOTUNE_WARMUP_SAMPLES", "-1"),
+    ("MPITRAIN_AUTOTUNE_STEPS_PER_SAMPLE", "0"),
+    ("HOROVOD_AUTOTUNE_BAYES_OPT_MAX_SAMPLES", "many"),
+])
+def test_bad_autotune_values_name_variable_and_value(name, value):
+    with pytest.warns(RuntimeWarning) as record:
+        cfg = config.load({name: value})
+    message = str(record[0].message)
+    assert name in message and repr(value) in message
+    assert cfg == config.Config()
+
+
+def test_explicit_records_what_was_given():
+    with pytest.warns(RuntimeWarning, match="MPITRAIN_CYCLE_TIME"):  # ignored: not given
+        cfg = config.load({"HOROVOD_FUSION_THRESHOLD": "1024", "MPITRAIN_CYCLE_TIME": "bad"},
+                          allreduce_streams=2)
+    assert cfg.explicit == {"fusion_threshold", "allreduce_streams"}

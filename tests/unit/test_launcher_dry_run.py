@@ -325,3 +325,27 @@ def test_host_discovery_plans_the_first_launch_on_the_hosts_the_script_lists(mac
     assert "MPITRAIN_ELASTIC_STATE_FILE=/ck/s.pkl" in out
     assert "MPITRAIN_ELASTIC_CONTROL_DIR=/ck/s.pkl.control" in out
     assert "MPITRAIN_ELASTIC_COMMIT_TO_FILE=0" in out
+
+
+def test_autotune_flags_set_the_variables(machine, capsys, tmp_path):
+    log = tmp_path / "tune.csv"
+    _, out, err = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", "-np", "2",
+                               "--autotune", "--autotune-log-file", str(log),
+                               "--autotune-warmup-samples", "1",
+                               "--autotune-steps-per-sample", "5",
+                               "--autotune-bayes-opt-max-samples", "12", "python", "t.py"])
+    assert err == ""
+    for setting in ("MPITRAIN_AUTOTUNE=1", f"MPITRAIN_AUTOTUNE_LOG={log}",
+                    "MPITRAIN_AUTOTUNE_WARMUP_SAMPLES=1", "MPITRAIN_AUTOTUNE_STEPS_PER_SAMPLE=5",
+                    "MPITRAIN_AUTOTUNE_MAX_SAMPLES=12"):
+        assert f"-x {setting} " in out, (setting, out)
+    _, out, _ = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", "-np", "2", "python",
+                             "t.py"])
+    assert "AUTOTUNE" not in out
+
+
+def test_autotune_details_without_autotune_are_refused(machine, capsys):
+    code, out, err = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", "-np", "2",
+                                  "--autotune-log-file", "t.csv", "python", "t.py"])
+    assert code == 2 and out == ""
+    assert "--autotune-log-file without --autotune" in err

@@ -23,10 +23,12 @@ from mpi4py import MPI
 
 from .. import survivors, topology
 from ..config import Config
+from ..dtypes import STORAGE
 from ..errors import MpitrainInternalError
-from . import buckets
+from . import autotune_sync, buckets
+from .autotune import Setting, start_setting
 from .negotiation import Response, wait_for
-from .request import Completion, Handle, Kind, Request
+from .request import Completion, Handle, Kind, Request, generated_name, is_generated
 from .set_state import SetState
 from .timeline import Timeline
 
@@ -57,14 +59,21 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._sets: dict[int, SetState] = {}
         self._next_set_id = 1
-        self._add_set_state(GLOBAL_SET_ID, list(range(topo.size)), comms, topo)
+        self.cycle_time_s = config.cycle_time_ms / 1e3  # autotune may change it
+        self.autotune = autotune_sync.AutotuneSync.for_job(config, topo.rank, topo.size,
+                                                           topo.num_nodes)
+        self._add_set_state(GLOBAL_SET_ID, list(range(topo.size)), comms, topo,
+                            autotune_sync.WORDS)
         self.cycles = 0
 
     # ------------------------------------------------------------------ process sets
     def _add_set_state(self, set_id: int, world_ranks: list[int],
                        comms: topology.Communicators | None,
-                       topo: topology.Topology | None) -> SetState:
-        state = SetState.open(set_id, world_ranks, comms, topo, self.config, self.timeline)
+                       topo: topology.Topology | None, extra_words: int = 0) -> SetState:
+        state = SetState.open(set_id, world_ranks, comms, topo, self.config, self.timeline,
+                              extra_words)
+        if state.executor is not None and self.autotune.setting is not None:
+            _apply_to(state, self.autotune.setting)  # a set added after a tuned change
         with self._cond:
             self._sets[set_id] = state
             self._inflight.setdefault(set_id, set())
@@ -118,8 +127,7 @@ class Engine:
         with self._cond:
             n = state.name_counters.get(kind, 0)
             state.name_counters[kind] = n + 1
-        suffix = "" if set_id == GLOBAL_SET_ID else f".set{set_id}"
-        return f"{kind.label}.noname.{n}{suffix}"
+        return generated_name(kind, n, set_id)
 
     def submit(self, request: Request) -> Handle:
         """Queue ``request`` for negotiation and return its handle.
@@ -162,6 +170,7 @@ class Engine:
             self._cond.notify()
         self._thread.join()
         self.timeline.stop()
+        self.autotune.close()
         for state in self._sets.values():
             state.close()
 
@@ -177,12 +186,12 @@ class Engine:
     # ------------------------------------------------------------------ the thread
     def _run(self) -> None:
         someone_pending = False
-        idle = self.config.cycle_time_ms / 1e3
+        idle = self.cycle_time_s
         try:
             while True:
                 self._sleep(someone_pending, idle)
                 idle = min(_IDLE_MAX_S, max(idle * 2, 1e-3)) if not someone_pending \
-                    else self.config.cycle_time_ms / 1e3
+                    else self.cycle_time_s
                 self.cycles += 1
                 self.timeline.cycle(time.monotonic())
                 someone_pending, stop = self._cycle()
@@ -207,7 +216,7 @@ class Engine:
         A burst (1,000 gradients in a backward pass) is gathered for up to the cycle time so it
         travels in a few fused buckets; a lone synchronous call goes out after one short gap.
         """
-        cycle = self.config.cycle_time_ms / 1e3
+        cycle = self.cycle_time_s
         with self._cond:
             if not self._inbox and not self._stopping:
                 self._cond.wait(cycle if someone_pending else idle)
@@ -244,12 +253,24 @@ class Engine:
         for state in sets:
             if state.negotiator is None or state.id not in self._sets:
                 continue
-            result = state.negotiator.round(stopping, stuck)
+            is_global = state.id == GLOBAL_SET_ID
+            result = state.negotiator.round(stopping, stuck, self.autotune.outgoing()
+                                            if is_global else None)
+            if is_global and result.extra is not None:
+                setting = self.autotune.incoming(result.extra)
+                if setting is not None:
+                    self._apply(setting)
             someone_pending |= result.someone_pending
             self._execute(state, result.responses)
-            if result.someone_stopping and state.id == GLOBAL_SET_ID:
+            if result.someone_stopping and is_global:
                 return someone_pending, True
         return someone_pending, False
+
+    def _apply(self, setting: Setting) -> None:
+        """Run with autotune's ``setting`` from now on (every rank, in the same round)."""
+        self.cycle_time_s = setting.cycle_time_ms / 1e3
+        for state in self._sets.values():
+            _apply_to(state, setting)
 
     def _execute(self, state: SetState, responses: list[Response]) -> None:
         assert state.executor is not None and state.negotiator is not None
@@ -274,11 +295,28 @@ class Engine:
                 data.append(resp)
         if data:
             self._executing = [resp.request for resp in data if resp.request is not None]
+            if self.autotune.measuring:
+                self._measure(state.id, data)
             state.executor.run(data)
             self._executing = []
             for resp in data:
                 state.negotiator.remember(resp)
         self._complete(state, done + data)
+
+    def _measure(self, set_id: int, data: list[Response]) -> None:
+        """Tell rank 0's tuner what is about to be allreduced: a key per name, and bytes."""
+        tuner = self.autotune.tuner
+        assert tuner is not None
+        batch: list[tuple[Hashable, int]] = []
+        for resp in data:
+            if resp.kind != Kind.ALLREDUCE:
+                continue
+            nbytes = sum(STORAGE[dtype].itemsize * int(np.prod(shape, dtype=np.int64))
+                         for dtype, _ndim, shape in resp.meta.tensors)
+            # Generated names never repeat: one key for all of them makes each cycle a step.
+            batch.append(((set_id, "<unnamed>" if is_generated(resp.name) else resp.name),
+                          nbytes))
+        tuner.record(batch)
 
     def _align_names(self, state: SetState) -> None:
         """Give every rank the same unnamed-request counters once a join has completed.
@@ -373,6 +411,14 @@ class Engine:
         self._fail_now(leftovers, message)
 
     # ------------------------------------------------------------------ introspection
+    def tuned(self) -> dict[str, Any]:
+        """What autotune has this rank running now (the configuration's values until rank 0
+        sends a setting), and whether it is frozen."""
+        setting = self.autotune.setting or start_setting(self.config)
+        return {**setting._asdict(), "frozen": self.autotune.frozen,
+                "changes": self.autotune.changes,
+                "generation": self.autotune.applied_generation}
+
     def stats(self) -> dict[str, Any]:
         """Counters for tests and benchmarks (global set)."""
         state = self._sets[GLOBAL_SET_ID]
@@ -386,3 +432,10 @@ class Engine:
             "zero_copy_buckets": state.executor.zero_copy_buckets,
             "cached": len(state.negotiator.cache),
         }
+
+
+def _apply_to(state: SetState, setting: Setting) -> None:
+    if state.executor is not None:
+        state.executor.fusion_threshold = setting.fusion_threshold
+        state.executor.algorithm = setting.algorithm
+        state.executor.streams = setting.channels

@@ -71,6 +71,10 @@ class Executor:
         self.group = group
         self.timeline = timeline
         self.fusion_threshold = fusion_threshold
+        # Autotune's choices (None: the configuration's); set by the engine at the same cycle
+        # on every rank, so every rank still runs the same collectives.
+        self.algorithm: str | None = None
+        self.streams: int | None = None
         self.collectives = 0  # data-plane calls issued, for tests and the overhead benchmark
         self.fused_tensors = 0
         self.zero_copy_buckets = 0  # fused buckets reduced in place without packing
@@ -142,7 +146,8 @@ class Executor:
             # One tensor, or in-place pieces lying back to back in one buffer (gradients laid
             # out as views of a flat bucket): reduce where they are, no packing.
             out = bucket[0].output if len(bucket) == 1 else span
-            ops.allreduce(self.group, span, out, dtype, op, pre, post, counts=counts)
+            ops.allreduce(self.group, span, out, dtype, op, pre, post, self.algorithm,
+                          self.streams, counts)
             self._span(bucket, "ALLREDUCE", started, time.monotonic(),
                        {"bucket_bytes": int(span.nbytes), "tensors": len(bucket),
                         "packed": False})
@@ -158,7 +163,8 @@ class Executor:
             fused[offset:offset + n] = p.input
             offset += n
         packed = time.monotonic()
-        ops.allreduce(self.group, fused, fused, dtype, op, pre, post, counts=counts)
+        ops.allreduce(self.group, fused, fused, dtype, op, pre, post, self.algorithm,
+                      self.streams, counts)
         reduced = time.monotonic()
         offset = 0
         for p in bucket:

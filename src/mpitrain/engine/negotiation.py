@@ -78,6 +78,7 @@ class RoundResult:
     responses: list[Response]
     someone_stopping: bool
     someone_pending: bool
+    extra: np.ndarray | None = None  # the header's extra words, AND-reduced
 
 
 def wait_for(request: Any, on_slow: Callable[[float], None] | None = None,
@@ -110,8 +111,9 @@ class Negotiator:
 
     def __init__(self, comm: Any, world_ranks: list[int], cache_capacity: int,
                  stall_warn_s: float, stall_shutdown_s: float, stall_disabled: bool,
-                 deadlock_s: float = 0.0) -> None:
+                 deadlock_s: float = 0.0, extra_words: int = 0) -> None:
         self.comm = comm
+        self.extra_words = extra_words
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.world_ranks = world_ranks
@@ -160,12 +162,20 @@ class Negotiator:
         return self.rank in self.joined
 
     # ------------------------------------------------------------------------ the round
-    def round(self, stopping: bool, stuck: bool = False) -> RoundResult:
-        """Run one negotiation round; ``stuck``: this process has waited, idle, too long."""
+    def round(self, stopping: bool, stuck: bool = False,
+              extra: np.ndarray | None = None) -> RoundResult:
+        """Run one negotiation round; ``stuck``: this process has waited, idle, too long.
+
+        ``extra``: this rank's ``extra_words`` words for the header's tail, AND-reduced like
+        the rest and returned in the result (autotune's channel, :mod:`.autotune_sync`);
+        all ones when None.
+        """
         self.rounds += 1
         nbits = self.cache.num_bits
         nwords = (nbits + 63) // 64
-        header = np.zeros(2 * nwords + 2, dtype=np.uint64)
+        header = np.zeros(2 * nwords + 2 + self.extra_words, dtype=np.uint64)
+        if self.extra_words:
+            header[2 * nwords + 2:] = _ALL_ONES if extra is None else extra
         if self.locally_joined:
             header[:nwords] = _ALL_ONES
         else:
@@ -206,7 +216,9 @@ class Negotiator:
             responses.extend(self._inspect_stalls())
         if everyone_stuck:
             responses.extend(self._break_deadlock())
-        return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING))
+        tail = header[2 * nwords + 2:].copy() if self.extra_words else None
+        return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING),
+                           tail)
 
     def _evict(self, stale_anywhere: np.ndarray, nbits: int) -> None:
         for bit in _set_bits(stale_anywhere, nbits):

@@ -9,6 +9,7 @@ compares metas across ranks before anything moves.
 from __future__ import annotations
 
 import enum
+import re
 import sys
 import threading
 import time
@@ -36,6 +37,21 @@ class Kind(enum.IntEnum):
     @property
     def label(self) -> str:
         return self.name.lower()
+
+
+# Names the engine gives unnamed requests: a fresh number per call, so they never repeat.
+_GENERATED_NAME = re.compile(r"[a-z_]+\.noname\.\d+(\.set\d+)?")
+
+
+def generated_name(kind: Kind, n: int, set_id: int) -> str:
+    """The name of the ``n``-th unnamed request of ``kind`` in process set ``set_id``."""
+    suffix = "" if set_id == 0 else f".set{set_id}"
+    return f"{kind.label}.noname.{n}{suffix}"
+
+
+def is_generated(name: str) -> bool:
+    """Whether ``name`` came from :func:`generated_name` (and so will not come back)."""
+    return _GENERATED_NAME.fullmatch(name) is not None
 
 
 # Ops whose first dimension may differ between ranks (only the rest is negotiated).

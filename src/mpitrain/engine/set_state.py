@@ -35,10 +35,12 @@ class SetState:
 
     @classmethod
     def open(cls, set_id: int, world_ranks: list[int], comms: topology.Communicators | None,
-             topo: topology.Topology | None, config: Config, timeline: Timeline) -> SetState:
+             topo: topology.Topology | None, config: Config, timeline: Timeline,
+             extra_words: int = 0) -> SetState:
         """The state of set ``set_id``; ``comms`` is None where this rank is not a member.
 
         Collective over the set's members (the negotiator duplicates its communicator).
+        ``extra_words``: words every header of this set carries for the engine (autotune).
         """
         state = cls(set_id, world_ranks, comms is not None)
         if comms is not None:
@@ -47,7 +49,7 @@ class SetState:
             state.negotiator = Negotiator(
                 comms.world.Dup(), world_ranks, config.cache_capacity,
                 config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
-                config.stall_check_disable, config.deadlock_time_seconds)
+                config.stall_check_disable, config.deadlock_time_seconds, extra_words)
             state.executor = Executor(state.group, timeline, config.fusion_threshold)
         return state
 

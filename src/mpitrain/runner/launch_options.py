@@ -115,6 +115,20 @@ def build_parser() -> argparse.ArgumentParser:
                         help="warn when ranks have waited S seconds for the others")
     tuning.add_argument("--stall-check-shutdown-time-seconds", type=_nonneg_float,
                         metavar="S", help="end the job after S seconds of stall (0: never)")
+    tuning.add_argument("--autotune", action="store_true",
+                        help="tune fusion threshold, cycle time, allreduce algorithm and "
+                             "channels during the first steps, then keep the best")
+    tuning.add_argument("--autotune-log-file", metavar="FILE",
+                        help="with --autotune: rank 0 writes one CSV row per sample to FILE")
+    tuning.add_argument("--autotune-warmup-samples", type=_nonneg_int, metavar="N",
+                        help="with --autotune: samples discarded before the first trial "
+                             "(default 3)")
+    tuning.add_argument("--autotune-steps-per-sample", type=_pos_int, metavar="N",
+                        help="with --autotune: training steps per sample (default 10)")
+    tuning.add_argument("--autotune-bayes-opt-max-samples", "--autotune-max-samples",
+                        dest="autotune_max_samples", type=_pos_int, metavar="N",
+                        help="with --autotune: settings tried before the best is frozen "
+                             "(default 20)")
     tuning.add_argument("--log-level", choices=("TRACE", "DEBUG", "INFO", "WARNING", "ERROR",
                                                 "FATAL"), help="mpitrain's log level")
     tuning.add_argument("-x", "--env", action="append", default=[], metavar="NAME[=VALUE]",
@@ -202,10 +216,39 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, str]:
             f"{args.stall_check_shutdown_time_seconds:g}"
     if args.log_level is not None:
         out[_NAMES["log_level"]] = args.log_level
+    out.update(_autotune_settings(args))
     if getattr(args, "min_np", None) is not None:
         out[_NAMES["elastic_min_np"]] = str(args.min_np)
     if getattr(args, "reset_limit", None) is not None:
         out[_NAMES["elastic_reset_limit"]] = str(args.reset_limit)
+    return out
+
+
+# Autotune's detail options: (Config field, flag) for each.
+_AUTOTUNE_DETAILS = (("autotune_log", "--autotune-log-file"),
+                     ("autotune_warmup_samples", "--autotune-warmup-samples"),
+                     ("autotune_steps_per_sample", "--autotune-steps-per-sample"),
+                     ("autotune_max_samples", "--autotune-bayes-opt-max-samples"))
+
+
+def _autotune_settings(args: argparse.Namespace) -> dict[str, str]:
+    """The autotune variables; a detail option without ``--autotune`` is a mistake.
+
+    Raises:
+        ValueError: an --autotune-* option without --autotune.
+    """
+    given = {(field, flag): value for field, flag in _AUTOTUNE_DETAILS
+             if (value := getattr(args, field if field != "autotune_log"
+                                  else "autotune_log_file", None)) is not None}
+    if not getattr(args, "autotune", False):
+        if given:
+            flags = ", ".join(flag for _, flag in given)
+            raise ValueError(f"{flags} without --autotune: nothing would be tuned; add "
+                             "--autotune")
+        return {}
+    out = {_NAMES["autotune"]: "1"}
+    for (field, _), value in given.items():
+        out[_NAMES[field]] = os.path.abspath(value) if field == "autotune_log" else str(value)
     return out
 
 
