@@ -175,6 +175,8 @@ def test_in_place_losses_are_blacklisted_and_new_hosts_grow_the_job_at_a_commit(
     assert driver.run() == 0
     # Rank 3 (host b) lost in place: b blacklisted, so only c's slots make the job grow.
     assert "blacklisting host b (a rank failed there)" in lines
+    assert "the job lost world rank(s) [3] on host(s) ['b']; it continues in place on ? " \
+           "rank(s)" in lines
     assert any("4 rank(s) could run where 3 do" in line for line in lines), lines
     assert "the job stopped at a commit to use the new hosts; restarting it there" in lines
     assert driver.launches[1] == [HostSlots("a", 2), HostSlots("c", 2)]

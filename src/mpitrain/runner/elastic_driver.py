@@ -233,16 +233,19 @@ class ElasticDriver:
             self.log("the job stopped at a commit to use the new hosts; restarting it there")
         return Outcome(proc.returncode, stopped, lost)
 
-    @staticmethod
-    def _lost_hosts(events: list[dict[str, Any]], layout: list[HostSlots]) -> list[str]:
-        """The layout hosts of the ranks that ``lost`` events name, once per lost rank."""
-        hosts = []
+    def _lost_hosts(self, events: list[dict[str, Any]], layout: list[HostSlots]) -> list[str]:
+        """The layout hosts of the ranks that ``lost`` events name, once per lost rank; each
+        loss is also said here, since a launcher may no longer forward the job's own output
+        once a host is gone (Open MPI 5.0.11 does not)."""
+        hosts: list[str] = []
         for event in events:
-            if event["event"] == "lost":
-                for rank in event["ranks"]:
-                    host = host_of_rank(layout, int(rank))
-                    if host is not None:
-                        hosts.append(host)
+            if event["event"] != "lost":
+                continue
+            lost = [(int(r), host_of_rank(layout, int(r))) for r in event["ranks"]]
+            hosts.extend(h for _, h in lost if h is not None)
+            self.log(f"the job lost world rank(s) {[r for r, _ in lost]} on host(s) "
+                     f"{sorted({h or '?' for _, h in lost})}; it continues in place on "
+                     f"{event.get('size', '?')} rank(s)")
         return hosts
 
     def _notify_if_hosts_changed(self, live: dict[str, int]) -> bool:
