@@ -102,7 +102,9 @@ def rebuild() -> list[int]:
     topology, communicators, data plane and engine are built again over them: ``rank()`` and
     ``size()`` may change.  A rank dying during the rebuild makes the survivors shrink and
     build again.  Without ULFM the job is rebuilt over the communicator ``init()`` was given.
-    Process sets other than the global one are forgotten: register them again.
+    Process sets are registered again, in their order, over their surviving members (with
+    their new ranks; the same ProcessSet objects, so code holding them keeps working); a set
+    whose members all died stays unregistered.
 
     Returns:
         The MPI_COMM_WORLD ranks of the processes lost; empty when everyone is alive.
@@ -115,6 +117,7 @@ def rebuild() -> list[int]:
         running = engine()
         comm = _job_comm
         _engine = None
+        sets = [(ps, list(ps.ranks)) for ps in registry.in_order()]
         try:
             running.stop()  # the thread has usually ended already, on the failure
             # Agree on the survivors over the runtime's spare communicator: the engine's are
@@ -124,12 +127,26 @@ def rebuild() -> list[int]:
             registry.forget_all()
             runtime.stop()
         try:
-            return _build_over_survivors(before, comm)
+            lost, new_rank_of = _build_over_survivors(before, comm)
         finally:
             before.Free()
+    _register_again(sets, new_rank_of)
+    return lost
 
 
-def _build_over_survivors(before: Any, comm: Any) -> list[int]:
+def _register_again(sets: list[tuple[ProcessSet, list[int]]],
+                    new_rank_of: list[int | None]) -> None:
+    """Register the process sets of the job before a rebuild over their surviving members
+    (every survivor holds the same sets and the same map, so they register alike)."""
+    for ps, ranks in sets:
+        members = sorted(m for r in ranks if r < len(new_rank_of)
+                         and (m := new_rank_of[r]) is not None)
+        ps.ranks = members
+        if members:
+            add_process_set(ps)
+
+
+def _build_over_survivors(before: Any, comm: Any) -> tuple[list[int], list[int | None]]:
     """Shrink ``before`` to the live ranks and init() over them, until every survivor's init
     succeeded.  A failed attempt is retried only if a rank died since the last one; otherwise
     init() fails the same way again, and its error is raised on every survivor."""
@@ -141,7 +158,7 @@ def _build_over_survivors(before: Any, comm: Any) -> list[int]:
             shrunk = survivors.shrink(current)
             if shrunk is None:  # no ULFM: start again over what the user gave
                 init(comm)
-                return []
+                return [], list(range(before.Get_size()))
             if error is not None and shrunk.Get_size() == current.Get_size():
                 shrunk.Free()  # nobody died since the failed attempt: it was not a death
                 raise error
@@ -157,7 +174,7 @@ def _build_over_survivors(before: Any, comm: Any) -> list[int]:
             finally:
                 _job_comm = comm  # a rebuild without ULFM starts from what the user gave
             if survivors.agree(shrunk, error is None):
-                return survivors.lost_ranks(before, shrunk)
+                return survivors.lost_ranks(before, shrunk), survivors.new_ranks(before, shrunk)
             _abandon()  # where init() succeeded: the others did not, build again together
             if error is None or isinstance(error, _mpi.load().Exception):
                 # This rank only saw the consequence (an interrupted collective); the cause

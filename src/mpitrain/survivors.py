@@ -83,4 +83,16 @@ def lost_ranks(before: Any, after: Any) -> list[int]:
     return [w for w, k in zip(in_world, kept) if k == MPI.UNDEFINED]
 
 
-__all__ = ["agree", "lost_ranks", "revoke", "shrink"]
+def new_ranks(before: Any, after: Any) -> list[int | None]:
+    """For each rank of ``before``, its rank in ``after`` (None for a process not in it)."""
+    MPI = _mpi.load()
+    old, new = before.Get_group(), after.Get_group()
+    try:
+        kept = MPI.Group.Translate_ranks(old, list(range(old.Get_size())), new)
+    finally:
+        old.Free()
+        new.Free()
+    return [None if k == MPI.UNDEFINED else int(k) for k in kept]
+
+
+__all__ = ["agree", "lost_ranks", "new_ranks", "revoke", "shrink"]

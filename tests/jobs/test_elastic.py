@@ -112,6 +112,46 @@ def test_a_rebuild_that_fails_without_a_death_raises_everywhere():
            "rank" in proc.stdout, output
 
 
+PROCESS_SETS_ACROSS_A_DEATH = textwrap.dedent("""
+    import os
+    import signal
+
+    import torch
+    import mpitrain.torch as hvd
+
+    hvd.init()
+    low, high, doomed = hvd.ProcessSet([0, 1]), hvd.ProcessSet([1, 2]), hvd.ProcessSet([1])
+    for ps in (low, high, doomed):
+        hvd.add_process_set(ps)
+    if hvd.rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        hvd.allreduce(torch.ones(1), name="noticed")
+    except hvd.HorovodInternalError:
+        pass
+    hvd.session.rebuild()
+    sums = [float(hvd.allreduce(torch.tensor([10.0 + hvd.rank()]), op=hvd.Sum, process_set=ps,
+                                name=f"after.{i}")) if ps.included() else None
+            for i, ps in enumerate((low, high))]
+    print("RESULT", hvd.rank(), hvd.size(), low.ranks, high.ranks, doomed.process_set_id,
+          sums, flush=True)
+""")
+
+
+@pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
+def test_process_sets_are_registered_again_over_their_survivors():
+    """Sets [0, 1], [1, 2] and [1] at 3 ranks; rank 1 dies.  After the rebuild the same
+    ProcessSet objects hold the survivors with their new ranks ([0] and [1]) and work; the set
+    of the dead rank alone is no longer registered."""
+    proc = run_job(3, ["--with-ft", "ulfm", sys.executable, "-c", PROCESS_SETS_ACROSS_A_DEATH],
+                   timeout=90)
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    rows = sorted(line.split(" ", 1)[1] for line in proc.stdout.splitlines()
+                  if line.startswith("RESULT "))
+    assert rows == ["0 2 [0] [1] None [10.0, None]", "1 2 [0] [1] None [None, 11.0]"], output
+
+
 @pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
 def test_below_min_np_the_job_ends_naming_the_lost_rank_and_host(tmp_path):
     """mpitrainrun --min-np 3 on 3 ranks: when one dies, the survivors end the job (no hang)
