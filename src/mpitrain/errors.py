@@ -14,6 +14,16 @@ class MpitrainInternalError(RuntimeError):
 
 HorovodInternalError = MpitrainInternalError
 
+# What a failed collective's message says once a framework has wrapped it in its own error
+# (a TensorFlow OpError, the RuntimeError torch's DDP raises from a failed future).
+_FAILURE_MARKS = ("MpitrainInternalError", "mpitrain engine failed", "MPI_ERR_PROC_FAILED",
+                  "MPI_ERR_REVOKED")
+
+
+def carries_collective_failure(message: str) -> bool:
+    """Whether ``message`` is a framework's wrapping of a failed mpitrain collective."""
+    return any(mark in message for mark in _FAILURE_MARKS)
+
 
 class HostsUpdatedInterrupt(RuntimeError):
     """The set of hosts changed: elastic training resets at its next commit, without a restore.

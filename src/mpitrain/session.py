@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import atexit
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from . import _mpi, runtime, survivors
@@ -26,6 +26,8 @@ _engine: Engine | None = None
 _lock = threading.RLock()
 _atexit_registered = False
 _job_comm: Any = None  # init()'s ``comm`` argument: what a rebuild without ULFM starts over
+# (before, after) pairs adapters register: run around every rebuild (see on_rebuild).
+_rebuild_hooks: list[tuple[Callable[[], None], Callable[[], None]]] = []
 
 
 def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = None) -> None:
@@ -120,6 +122,8 @@ def rebuild() -> list[int]:
         sets = [(ps, list(ps.ranks)) for ps in registry.in_order()]
         try:
             running.stop()  # the thread has usually ended already, on the failure
+            for before_hook, _ in _rebuild_hooks:
+                before_hook()
             # Agree on the survivors over the runtime's spare communicator: the engine's are
             # freed (and revoked after a failure), and no other thread talks on this one.
             before = runtime.take_spare()
@@ -131,7 +135,20 @@ def rebuild() -> list[int]:
         finally:
             before.Free()
     _register_again(sets, new_rank_of)
+    for _, after_hook in _rebuild_hooks:
+        after_hook()
     return lost
+
+
+def on_rebuild(before: Callable[[], None], after: Callable[[], None]) -> None:
+    """Have ``before()`` run on every survivor once a rebuild has stopped the engine (before
+    the runtime starts again over the survivors), and ``after()`` once the new job is up.
+
+    For adapters that keep state sized to the old job: torch.distributed's default group is
+    destroyed before and created again after (:mod:`mpitrain.torch.c10d`).  ``after`` runs
+    collectives of the new job; both run in the order registered.
+    """
+    _rebuild_hooks.append((before, after))
 
 
 def _register_again(sets: list[tuple[ProcessSet, list[int]]],
@@ -257,4 +274,5 @@ def remove_process_set(process_set: ProcessSet) -> bool:
     return True
 
 
-__all__ = ["add_process_set", "engine", "init", "rebuild", "remove_process_set", "shutdown"]
+__all__ = ["add_process_set", "engine", "init", "on_rebuild", "rebuild", "remove_process_set",
+           "shutdown"]

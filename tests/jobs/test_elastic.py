@@ -152,6 +152,66 @@ def test_process_sets_are_registered_again_over_their_survivors():
     assert rows == ["0 2 [0] [1] None [10.0, None]", "1 2 [0] [1] None [None, 11.0]"], output
 
 
+TORCH_DISTRIBUTED_ACROSS_A_DEATH = textwrap.dedent("""
+    import os
+    import signal
+
+    import torch
+    import torch.distributed as dist
+    import mpitrain.torch as hvd
+
+    dist.init_process_group("mpitrain")
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 1)
+    holder = {"ddp": torch.nn.parallel.DistributedDataParallel(model)}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    state = hvd.elastic.TorchState(model, optimizer, step=0)
+    sizes = []
+
+    def on_reset():  # torch's DDP holds the old group: wrap the model again
+        sizes.append((dist.get_world_size(), dist.get_rank(), hvd.size(), hvd.rank()))
+        holder["ddp"] = torch.nn.parallel.DistributedDataParallel(model)
+
+    state.register_reset_callbacks([on_reset])
+
+    @hvd.elastic.run
+    def train(state):
+        while state.step < 6:
+            if state.step == 3 and os.environ["OMPI_COMM_WORLD_RANK"] == "1":
+                os.kill(os.getpid(), signal.SIGKILL)
+            x = torch.full((2, 4), float(dist.get_rank() + 1))
+            optimizer.zero_grad()
+            holder["ddp"](x).sum().backward()
+            optimizer.step()
+            state.step += 1
+            state.commit()
+
+    train(state)
+    total = torch.tensor([1.0])
+    dist.all_reduce(total)
+    digest = round(float(sum(p.detach().sum() for p in model.parameters())), 6)
+    print("RESULT", sizes, float(total[0]), digest, flush=True)
+""")
+
+
+@pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
+def test_torch_distributed_default_group_follows_the_rebuild():
+    """torch.distributed.init_process_group("mpitrain") and torch's own DDP in an elastic job:
+    rank 1 of 3 dies; the rebuild destroys the default group and creates it again over the two
+    survivors (world size 2, ranks 0 and 1), DDP wrapped again in a reset callback trains on,
+    and both survivors end with the same parameters."""
+    proc = run_job(3, ["--with-ft", "ulfm", sys.executable, "-c",
+                       TORCH_DISTRIBUTED_ACROSS_A_DEATH], timeout=120)
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert proc.returncode == 0, output
+    rows = [line.split(" ", 1)[1] for line in proc.stdout.splitlines()
+            if line.startswith("RESULT ")]
+    # "[(torch size, torch rank, mpitrain size, mpitrain rank)] all_reduce(1) digest"
+    assert sorted(row.split(" 2.0 ")[0] for row in rows) == ["[(2, 0, 2, 0)]",
+                                                             "[(2, 1, 2, 1)]"], output
+    assert len({row.split(" 2.0 ")[1] for row in rows}) == 1, "survivors' parameters differ"
+
+
 @pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
 def test_below_min_np_the_job_ends_naming_the_lost_rank_and_host(tmp_path):
     """mpitrainrun --min-np 3 on 3 ranks: when one dies, the survivors end the job (no hang)

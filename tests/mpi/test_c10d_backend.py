@@ -125,6 +125,31 @@ def test_all_reduce_coalesced_and_async_future(pg):
     assert t.tolist() == [float(SIZE)] * 4
 
 
+def test_a_failed_collective_under_torch_ddp_raises_instead_of_crashing(pg):
+    """Stock DDP reads a failed allreduce's future in C++: it must raise there (a Python-level
+    set_exception would hand it the exception object as the result, and it would segfault)."""
+    from mpitrain.torch.c10d.process_group import ProcessGroupMpitrain
+    from mpitrain.torch.c10d.work import Work
+
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(3, 1))
+
+    def fail() -> None:
+        raise mpitrain.MpitrainInternalError("injected failure")
+
+    def failing_allreduce(self, tensors, opts=None):  # a failure, on every rank alike
+        work = Work(tensors, finish=fail)
+        work.complete()
+        return work
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(ProcessGroupMpitrain, "allreduce", failing_allreduce)
+    try:
+        with pytest.raises(RuntimeError, match="MpitrainInternalError: injected failure"):
+            model(torch.ones(2, 3)).sum().backward()
+    finally:
+        monkeypatch.undo()
+
+
 def test_work_completes_without_wait(pg):
     t = torch.ones(2)
     work = dist.all_reduce(t, async_op=True)
@@ -138,7 +163,9 @@ def test_mismatch_fails_every_rank(pg):
     work = dist.all_reduce(t, async_op=True)
     with pytest.raises(mpitrain.MpitrainInternalError, match="mismatched"):
         work.wait()
-    with pytest.raises(mpitrain.MpitrainInternalError):
+    # The future's error is a C++ one (what torch's DDP reducer needs, or it would read tensors
+    # out of an exception object), so Python sees torch's RuntimeError naming ours.
+    with pytest.raises(RuntimeError, match="MpitrainInternalError: mismatched"):
         work.get_future().wait()
 
 

@@ -25,7 +25,12 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from .. import collectives, elastic_control, runtime, session
-from ..errors import ElasticLimitError, HorovodInternalError, HostsUpdatedInterrupt
+from ..errors import (
+    ElasticLimitError,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    carries_collective_failure,
+)
 from .state import State
 
 R = TypeVar("R")
@@ -104,6 +109,13 @@ def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R
                 return func(state, *args, **kwargs)
             except HorovodInternalError:
                 state.restore()  # back to the last commit: the failed step may be half done
+                skip_sync = False
+            except RuntimeError as exc:
+                # A failed collective that torch's DDP (through the torch.distributed backend)
+                # re-raised as its own RuntimeError: the same failure.
+                if not carries_collective_failure(str(exc)):
+                    raise
+                state.restore()
                 skip_sync = False
             except HostsUpdatedInterrupt as interrupt:
                 if runtime.is_initialized() and runtime.state().config.elastic_control_dir:

@@ -21,18 +21,17 @@ import tensorflow as tf
 
 from ..collectives import broadcast_object
 from ..elastic import ObjectState, State, driver
-from ..errors import ElasticLimitError, HorovodInternalError, HostsUpdatedInterrupt
+from ..errors import (
+    ElasticLimitError,
+    HorovodInternalError,
+    HostsUpdatedInterrupt,
+    carries_collective_failure,
+)
 from ..runtime import rank
 from ..session import init, shutdown
 from .functions import broadcast_variables
 
 R = TypeVar("R")
-
-# What a failed collective says once TensorFlow has wrapped it (numpy_function ops re-raise
-# the Python exception's text inside an OpError).
-_FAILURE_MARKS = ("MpitrainInternalError", "mpitrain engine failed", "MPI_ERR_PROC_FAILED",
-                  "MPI_ERR_REVOKED")
-
 
 def _internal(func: Callable[..., R]) -> Callable[..., R]:
     """``func``, with a TensorFlow-wrapped collective failure raised as HorovodInternalError."""
@@ -42,7 +41,8 @@ def _internal(func: Callable[..., R]) -> Callable[..., R]:
         try:
             return func(*args, **kwargs)
         except tf.errors.OpError as exc:
-            if any(mark in str(exc.message) for mark in _FAILURE_MARKS):
+            # numpy_function ops re-raise the Python exception's text inside an OpError.
+            if carries_collective_failure(str(exc.message)):
                 raise HorovodInternalError(exc.message) from exc
             raise
 

@@ -44,8 +44,7 @@ def _process_set_for(members: list[int]) -> ProcessSet:
                      "only on its members, and process sets are registered by all ranks")
 
 
-def _create(opts: Any, backend_options: Any = None) -> ProcessGroupMpitrain:
-    """torch's creator hook (extended API): build the process group for one torch group."""
+def _create_group(opts: Any) -> ProcessGroupMpitrain:
     members = [int(r) for r in opts.global_ranks_in_group]
     is_default = not members
     if not runtime.is_initialized():
@@ -67,6 +66,38 @@ def _create(opts: Any, backend_options: Any = None) -> ProcessGroupMpitrain:
     comm = create_comm(members, runtime.state().comms.world, str(opts.group_id))
     return ProcessGroupMpitrain(opts.group_rank, opts.group_size, process_set, members,
                                 PointToPoint(comm), str(opts.group_id))
+
+
+_rebuilding = {"hooked": False, "recreate": False}
+
+
+def _before_rebuild() -> None:
+    """An elastic rebuild is about to change the job's size: destroy torch's default group
+    (and its subgroups) if it is mpitrain's, so that it can be created again over the new job
+    (a group of the old size would be refused by init(), and its collectives would hang)."""
+    _rebuilding["recreate"] = False
+    if dist.is_initialized() and dist.get_backend() == BACKEND_NAME:
+        dist.destroy_process_group()
+        rendezvous.forget_store()
+        _rebuilding["recreate"] = True
+
+
+def _after_rebuild() -> None:
+    """Create torch's default group again over the rebuilt job (collective).  Objects that
+    held the old groups (a torch DDP wrapper, subgroups from new_group) must be created again
+    by the user, e.g. in an elastic reset callback."""
+    if _rebuilding["recreate"] and not dist.is_initialized():
+        dist.init_process_group(backend=BACKEND_NAME)
+    _rebuilding["recreate"] = False
+
+
+def _create(opts: Any, backend_options: Any = None) -> ProcessGroupMpitrain:
+    """torch's creator hook (extended API): build the process group for one torch group."""
+    pg = _create_group(opts)
+    if not _rebuilding["hooked"]:
+        session.on_rebuild(_before_rebuild, _after_rebuild)
+        _rebuilding["hooked"] = True
+    return pg
 
 
 def register() -> None:

@@ -29,15 +29,14 @@ def create_comm(world_ranks: list[int], job_comm: Any, name: str) -> Any:
     Collective over the members only; every member must pass the same list and ``name`` (the
     torch group's name, the same on every rank), which tags the creation.
     """
-    MPI = _mpi.load()
     job_group = job_comm.Get_group()
-    world_group = MPI.COMM_WORLD.Get_group()
-    in_world = job_group.Translate_ranks(world_ranks, world_group)
-    group = world_group.Incl(list(in_world))
-    # torch creates groups one at a time in the same order everywhere; the tag only keeps this
-    # creation apart from any other Create_group a member might run concurrently.
-    comm = MPI.COMM_WORLD.Create_group(group, tag=zlib.crc32(name.encode()) % 30000)
-    for g in (group, world_group, job_group):
+    group = job_group.Incl(list(world_ranks))
+    # Over the job's communicator, not MPI_COMM_WORLD: after an elastic rebuild the world
+    # still holds the dead ranks, and creating anything over it fails.  torch creates groups
+    # one at a time in the same order everywhere; the tag only keeps this creation apart from
+    # any other Create_group a member might run concurrently.
+    comm = job_comm.Create_group(group, tag=zlib.crc32(name.encode()) % 30000)
+    for g in (group, job_group):
         g.Free()
     return comm
 

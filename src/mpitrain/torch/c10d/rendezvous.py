@@ -26,6 +26,9 @@ import torch.distributed as dist
 
 from ... import collectives, runtime, session, topology
 
+# MASTER_ADDR/MASTER_PORT as this module set them (name -> value), for forget_store().
+_advertised: dict[str, str] = {}
+
 _LAUNCHER_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
                             "PALS_RANKID")
 
@@ -74,13 +77,24 @@ def _store(rank: int, size: int, timeout: datetime.timedelta) -> dist.Store:
                                                    name="c10d.rendezvous.store")
     # Where the store is, for libraries that read it (Accelerate insists on MASTER_ADDR when
     # a job spans several hosts) and for groups torch builds later from env://.
-    os.environ.setdefault("MASTER_ADDR", host)
-    os.environ.setdefault("MASTER_PORT", str(free_port))
+    for name, value in (("MASTER_ADDR", host), ("MASTER_PORT", str(free_port))):
+        if name not in os.environ:
+            os.environ[name] = _advertised[name] = value
     if server is not None:
         return server
     # Rank 0 on this very machine: the loopback address needs no name resolution.
     connect = "127.0.0.1" if host == socket.gethostname() else host
     return dist.TCPStore(connect, free_port, size, False, timeout=timeout)
+
+
+def forget_store() -> None:
+    """Unset the MASTER_ADDR/MASTER_PORT :func:`_store` advertised (unless changed since), so
+    that the next rendezvous serves a new store: after an elastic rebuild, the old rank 0
+    that served this one may be gone."""
+    for name, value in list(_advertised.items()):
+        if os.environ.get(name) == value:
+            del os.environ[name]
+        del _advertised[name]
 
 
 def mpi_rendezvous(url: str, timeout: datetime.timedelta) -> Iterator[tuple[Any, int, int]]:
@@ -112,4 +126,4 @@ def install() -> None:
     rdzv._rendezvous_handlers["env"] = env_or_mpi
 
 
-__all__ = ["install", "mpi_rendezvous", "under_mpi_launcher"]
+__all__ = ["forget_store", "install", "mpi_rendezvous", "under_mpi_launcher"]

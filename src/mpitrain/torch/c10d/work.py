@@ -43,6 +43,10 @@ def _seconds(timeout: Any) -> float | None:
     return None if seconds <= 0 else seconds
 
 
+def _value_or_raise(done: torch.futures.Future) -> Any:
+    return done.value()  # raises the exception a failed Work was completed with
+
+
 class Work(dist._Work):
     """One operation of the mpitrain process group.
 
@@ -60,7 +64,13 @@ class Work(dist._Work):
         self._finish = finish
         self._poll = poll
         self._describe = describe
-        self._future: torch.futures.Future = torch.futures.Future()
+        # What we complete, and what get_future() hands out: a future chained on it, because
+        # only a callback that raises gives a future a C++-level error.  Python's
+        # set_exception stores the exception as the *value*, which C++ readers (torch's DDP
+        # reducer) take for the result: they would read tensors out of an exception object
+        # (a segfault) instead of raising.
+        self._done: torch.futures.Future = torch.futures.Future()
+        self._future: torch.futures.Future = self._done.then(_value_or_raise)
         self._event = threading.Event()
         self._error: BaseException | None = None
         self.source_rank_value = -1
@@ -76,11 +86,11 @@ class Work(dist._Work):
         self._finish = None
         self._event.set()
         if self._error is None:
-            self._future.set_result(self._outputs)
+            self._done.set_result(self._outputs)
         else:
             error = self._error if isinstance(self._error, Exception) else RuntimeError(
                 str(self._error))
-            self._future.set_exception(error)
+            self._done.set_exception(error)
 
     def polled_done(self) -> bool:
         assert self._poll is not None
