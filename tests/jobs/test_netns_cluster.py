@@ -115,6 +115,8 @@ VARIANTS = [pytest.param(["--allreduce-algorithm", name], name, id=name)
             for name in config.ALLREDUCE_ALGORITHMS if name != "shm"]
 VARIANTS.append(pytest.param(["--hierarchical-allreduce"], "hierarchical",
                              id="horovod-hierarchical-flag"))
+PIPELINED = ["--allreduce-algorithm", "hierarchical", "-x", "MPITRAIN_HIERARCHICAL_PIPELINE=4"]
+VARIANTS.append(pytest.param(PIPELINED, "hierarchical", id="hierarchical-pipelined"))
 
 
 @pytest.mark.parametrize(("launcher_args", "algorithm"), VARIANTS)
@@ -127,6 +129,7 @@ def test_every_collective_across_hosts(cluster, launcher_args, algorithm):
     assert [r["rank"] for r in rows] == [0, 1, 2, 3]
     # The setting reached every rank on every host through the launcher.
     assert {r["algorithm"] for r in rows} == {algorithm}
+    assert {r["pipeline"] for r in rows} == {4 if launcher_args is PIPELINED else 0}
     assert [r["host"] for r in rows] == [cluster.hostnames[0]] * 2 + [cluster.hostnames[1]] * 2
     # local_rank, local_size, cross_rank, cross_size, node, ranks really sharing the host
     assert [r["layout"] for r in rows] == [[0, 2, 0, 2, 0, 2], [1, 2, 0, 2, 0, 2],
@@ -201,3 +204,35 @@ def test_elastic_survivors_continue_when_a_whole_host_dies(cluster, tmp_path):
         seen = {i for log in logs.values() for e, batch in log["batches"] if e == epoch
                 for i in batch}
         assert seen == set(range(96)), f"epoch {epoch} skipped samples"
+
+
+@pytest.fixture(scope="module")
+def cluster3():
+    reason = netns.missing_requirements(probe=True)
+    if reason:
+        _skip_or_fail(reason)
+    c = netns.Cluster(f"m3{os.getpid() % 100000}", 3, SLOTS)
+    try:
+        c.create()
+        yield c
+    finally:
+        c.destroy()
+
+
+@pytest.mark.parametrize("launcher_args", [
+    pytest.param(["--allreduce-algorithm", "ring"], id="ring"),
+    pytest.param(PIPELINED, id="hierarchical-pipelined"),
+])
+def test_three_hosts(cluster3, launcher_args):
+    """3 hosts x 2 ranks: an odd number of nodes for the cross-node step (the pipelined
+    hierarchical allreduce and the flat ring), every collective against the reference and
+    the same bits on every rank."""
+    result = launch(cluster3, [sys.executable, str(ROOT / "tests" / "jobs" /
+                                                   "netns_collectives.py")], launcher_args,
+                    np=3 * SLOTS)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    rows = [json.loads(line[len("RESULT "):]) for line in result.stdout.splitlines()
+            if line.startswith("RESULT ")]
+    assert [r["host"] for r in rows] == [h for h in cluster3.hostnames for _ in range(SLOTS)]
+    assert [r["layout"][2:4] for r in rows] == [[c, 3] for c in range(3) for _ in range(SLOTS)]
+    assert all(r["checks"] >= 100 for r in rows)
