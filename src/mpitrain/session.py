@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _mpi, runtime, survivors
+from . import _mpi, finalize, runtime, survivors
 from .engine.device import cuda_awareness
 from .engine.engine import Engine
 from .engine.request import Kind, Request
@@ -137,7 +137,29 @@ def rebuild() -> list[int]:
     _register_again(sets, new_rank_of)
     for _, after_hook in _rebuild_hooks:
         after_hook()
+    if lost:
+        _finalize_with_deadline_at_exit()
     return lost
+
+
+_finalize_registered = False
+
+
+def _finalize_with_deadline_at_exit() -> None:
+    """Once ranks were lost, finish the job at exit with a deadline on MPI_Finalize (see
+    :mod:`mpitrain.finalize`): registered after init()'s shutdown, so it runs first and shuts
+    down itself."""
+    global _finalize_registered
+    if _finalize_registered:
+        return
+    _finalize_registered = True
+    finalize.note_uncaught_exceptions()
+
+    def at_exit() -> None:
+        shutdown()
+        finalize.finalize_within()
+
+    atexit.register(at_exit)
 
 
 def on_rebuild(before: Callable[[], None], after: Callable[[], None]) -> None:

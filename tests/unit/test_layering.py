@@ -25,8 +25,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 GROUND = {"_mpi", "adasum_layout", "binding", "config", "dtypes", "elastic_control", "errors",
-          "failure", "job_env", "launchers", "memory", "process_sets", "runtime", "survivors",
-          "topology", "version"}
+          "failure", "finalize", "job_env", "launchers", "memory", "process_sets", "runtime",
+          "survivors", "topology", "version"}
 FRONT_DOOR = {"collectives", "arrays", "compression", "compressors"}
 ADAPTERS = {"torch", "tensorflow", "kvstore", "mxnet", "files", "scopes", "_face", "info",
             "elastic"}
