@@ -64,8 +64,8 @@ def finalize_within(seconds: float = DEADLINE_S,
     def give_up() -> None:
         status = 1 if _uncaught["seen"] else 0
         sys.stderr.write(f"mpitrain: MPI_Finalize did not return within {seconds:g} s after "
-                         f"the job lost ranks (a known Open MPI 5.0 problem); leaving without "
-                         f"it, exit status {status}\n")
+                         f"the job lost ranks (seen with Open MPI 5.0.11 after a death inside "
+                         f"a recovery); leaving without it, exit status {status}\n")
         sys.stderr.flush()
         os._exit(status)
 
