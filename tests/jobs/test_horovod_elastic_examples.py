@@ -64,13 +64,13 @@ def _world_rank_pid(root: int, rank: int) -> int | None:
     return None
 
 
-def test_synthetic_benchmark_survives_losing_rank_0():
+def _run_killing(script_args: list[str], when: str, world_rank: int,
+                 cwd: Path) -> tuple[int, str, str]:
+    """Run Horovod's example under ``mpirun --with-ft ulfm -np 3`` with the shims, SIGKILL
+    ``world_rank`` once a stdout line starts with ``when``; return (status, stdout, stderr)."""
     path = os.pathsep.join(str(p) for p in (ROOT / "src", SHIM, SHIM / "torchvision_stub"))
-    cmd = mpirun_command(3, ["--with-ft", "ulfm", sys.executable, str(SCRIPT),
-                             "--model", "tiny_cnn", "--batch-size", "4",
-                             "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
-                             "--num-iters", "30"])
-    proc = subprocess.Popen(cmd, env=job_env({"PYTHONPATH": path}), cwd=ROOT, text=True,
+    cmd = mpirun_command(3, ["--with-ft", "ulfm", sys.executable, *script_args])
+    proc = subprocess.Popen(cmd, env=job_env({"PYTHONPATH": path}), cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     watchdog = threading.Timer(150, proc.kill)  # a hang fails the test instead of blocking it
     watchdog.start()
@@ -80,18 +80,25 @@ def test_synthetic_benchmark_survives_losing_rank_0():
         assert proc.stdout is not None
         for line in proc.stdout:
             lines.append(line)
-            if killed is None and line.startswith("Iter #2:"):
-                killed = _world_rank_pid(proc.pid, 0)
-                assert killed is not None, "world rank 0 not found below mpirun"
+            if killed is None and line.startswith(when):
+                killed = _world_rank_pid(proc.pid, world_rank)
+                assert killed is not None, f"world rank {world_rank} not found below mpirun"
                 os.kill(killed, signal.SIGKILL)
         err = proc.stderr.read() if proc.stderr else ""
         proc.wait()
     finally:
         watchdog.cancel()
     out = "".join(lines)
+    assert killed is not None, f"never saw {when!r}:\n{out[-3000:]}\n{err[-5000:]}"
+    return proc.returncode, out, err
+
+
+def test_synthetic_benchmark_survives_losing_rank_0():
+    code, out, err = _run_killing([str(SCRIPT), "--model", "tiny_cnn", "--batch-size", "4",
+                                   "--num-warmup-batches", "1", "--num-batches-per-iter", "2",
+                                   "--num-iters", "30"], "Iter #2:", 0, ROOT)
     report = f"stdout:\n{out[-3000:]}\nstderr:\n{err[-5000:]}"
-    assert killed is not None, report
-    assert proc.returncode == 0, report
+    assert code == 0, report
     assert "lost world rank(s) [0] on host(s)" in err, report
     assert "continuing on 2 of 3 ranks" in err, report
     assert "Total img/sec on 2 CPU(s):" in out, report
@@ -105,32 +112,11 @@ def test_mnist_example_survives_losing_a_rank(tmp_path):
     """Horovod's ``pytorch_mnist_elastic.py`` unchanged (its MNIST is the torchvision stub's:
     scikit-learn's digits at 28x28): world rank 2 of 3 is killed once training has logged
     its first batches; the survivors finish every epoch and the test set is evaluated."""
-    path = os.pathsep.join(str(p) for p in (ROOT / "src", SHIM, SHIM / "torchvision_stub"))
-    cmd = mpirun_command(3, ["--with-ft", "ulfm", sys.executable, str(MNIST_SCRIPT),
-                             "--epochs", "3", "--batch-size", "32", "--log-interval", "5",
-                             "--data-dir", str(tmp_path)])
-    proc = subprocess.Popen(cmd, env=job_env({"PYTHONPATH": path}), cwd=tmp_path, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    watchdog = threading.Timer(150, proc.kill)
-    watchdog.start()
-    lines: list[str] = []
-    killed = None
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if killed is None and line.startswith("Train Epoch: 1 [160/"):
-                killed = _world_rank_pid(proc.pid, 2)
-                assert killed is not None, "world rank 2 not found below mpirun"
-                os.kill(killed, signal.SIGKILL)
-        err = proc.stderr.read() if proc.stderr else ""
-        proc.wait()
-    finally:
-        watchdog.cancel()
-    out = "".join(lines)
+    code, out, err = _run_killing([str(MNIST_SCRIPT), "--epochs", "3", "--batch-size", "32",
+                                   "--log-interval", "5", "--data-dir", str(tmp_path)],
+                                  "Train Epoch: 1 [160/", 2, tmp_path)
     report = f"stdout:\n{out[-3000:]}\nstderr:\n{err[-5000:]}"
-    assert killed is not None, report
-    assert proc.returncode == 0, report
+    assert code == 0, report
     assert "lost world rank(s) [2] on host(s)" in err, report
     assert "continuing on 2 of 3 ranks" in err, report
     assert "Train Epoch: 3" in out and "Test set: Average loss:" in out, report
