@@ -206,12 +206,7 @@ class ElasticDriver:
         seen = 0
         notified = False
         with forwarding_signals(proc):
-            while True:
-                try:
-                    proc.wait(timeout=self.options.interval_s)
-                    break
-                except subprocess.TimeoutExpired:
-                    pass
+            while not _ends_within(proc, self.options.interval_s):
                 events = elastic_control.read_events(directory)
                 for host in self._lost_hosts(events[seen:], layout):
                     live[host] -= 1
@@ -284,6 +279,15 @@ class ElasticDriver:
     def _remove_state_file(self) -> None:
         if not self.options.keep_state_file and os.path.exists(self.options.state_file):
             os.unlink(self.options.state_file)
+
+
+def _ends_within(proc: Any, seconds: float) -> bool:
+    """Whether the launched job ends within ``seconds`` (waiting at most that long)."""
+    try:
+        proc.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
 
 
 class _Tee:
