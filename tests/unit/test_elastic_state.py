@@ -135,6 +135,29 @@ def test_run_resets_without_restore_or_sync_after_hosts_removed():
     assert rounds == [1, 1]  # the second round skipped the sync
 
 
+def test_run_treats_torchs_wrapping_of_a_failed_collective_as_one():
+    """torch's DDP re-raises a failed collective as a RuntimeError naming ours: the loop
+    restores and resets as for HorovodInternalError; any other RuntimeError propagates."""
+    state = Recorded(step=0)
+    resets = []
+
+    def train(state):
+        if not resets:
+            state.step = 5
+            raise RuntimeError("Got the following error when running the callback: "
+                               "MpitrainInternalError: MPI_ERR_PROC_FAILED")
+        return state.step
+
+    assert run_fn(train, lambda: resets.append(1))(state) == 0  # restored to the commit
+    assert resets == [1]
+
+    def broken(state):
+        raise RuntimeError("a bug in the training loop")
+
+    with pytest.raises(RuntimeError, match="a bug in the training loop"):
+        run_fn(broken, lambda: None)(Recorded(step=0))
+
+
 def test_run_wants_a_state():
     with pytest.raises(TypeError, match="State"):
         run_fn(lambda s: s, lambda: None)(object())

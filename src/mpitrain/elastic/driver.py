@@ -110,17 +110,18 @@ def run_fn(func: Callable[..., R], reset: Callable[[], None]) -> Callable[..., R
             except HorovodInternalError:
                 state.restore()  # back to the last commit: the failed step may be half done
                 skip_sync = False
-            except RuntimeError as exc:
-                # A failed collective that torch's DDP (through the torch.distributed backend)
-                # re-raised as its own RuntimeError: the same failure.
-                if not carries_collective_failure(str(exc)):
-                    raise
-                state.restore()
-                skip_sync = False
             except HostsUpdatedInterrupt as interrupt:
                 if runtime.is_initialized() and runtime.state().config.elastic_control_dir:
                     stop_for_new_hosts(state)
                 skip_sync = interrupt.skip_sync
+            except RuntimeError as exc:
+                # After the two above (both are RuntimeErrors too): a failed collective that
+                # torch's DDP (through the torch.distributed backend) re-raised as its own
+                # RuntimeError is the same failure.
+                if not carries_collective_failure(str(exc)):
+                    raise
+                state.restore()
+                skip_sync = False
             reset()
             state.on_reset()
 
