@@ -83,3 +83,21 @@ def test_mpi_is_kept_unless_clearly_beaten():
     # ... 20% faster is not.
     costs["hierarchical"] = [0.24] * 3
     assert calibrate(costs).choice(32 << 20) == "hierarchical"
+
+
+def test_16_bit_buffers_are_calibrated_apart_from_32_bit_ones_of_the_same_bytes():
+    """MPI's path widens float16/bfloat16: contenders rank differently on them, so a decision
+    made on float32 buffers does not carry over to 16-bit ones of the same size."""
+    calibration = calibrate({"mpi": [1.0] * TRIALS, "ring": [2.0] * TRIALS})
+    assert calibration.choice(32 << 20) == "mpi"
+    assert calibration.choice(32 << 20, narrow=True) is None
+    assert calibration.next_trial(32 << 20, narrow=True) == "mpi"  # its own trials start
+
+
+def test_the_table_judges_16_bit_buffers_by_the_bytes_mpi_would_move():
+    from mpitrain.ops.algorithms import MPI_MAX_BYTES, choice_bytes
+
+    assert choice_bytes(1000, "float32") == 1000
+    assert choice_bytes(1000, "float16") == choice_bytes(1000, "bfloat16") == 2000
+    # A 16-bit buffer of half the crossover is at the crossover as MPI would move it.
+    assert choice_bytes(MPI_MAX_BYTES // 2, "float16") >= MPI_MAX_BYTES

@@ -42,24 +42,27 @@ class Calibration:
 
     contenders: tuple[str, ...]
     clock: Callable[[], float] = time.perf_counter
-    trials: dict[int, list[tuple[str, float]]] = field(default_factory=dict)
-    decided: dict[int, str] = field(default_factory=dict)
+    trials: dict[tuple[bool, int], list[tuple[str, float]]] = field(default_factory=dict)
+    decided: dict[tuple[bool, int], str] = field(default_factory=dict)
 
     @staticmethod
-    def size_class(nbytes: int) -> int:
-        """Sizes in [2^(k-1), 2^k) share class k."""
-        return int(nbytes).bit_length()
+    def size_class(nbytes: int, narrow: bool = False) -> tuple[bool, int]:
+        """Sizes in [2^(k-1), 2^k) share class k; 16-bit element types (``narrow``) are
+        classes of their own, since MPI's path widens them and the contenders rank
+        differently on them."""
+        return narrow, int(nbytes).bit_length()
 
-    def choice(self, nbytes: int) -> str | None:
+    def choice(self, nbytes: int, narrow: bool = False) -> str | None:
         """The decided algorithm for this size, or None while it is still being measured."""
-        return self.decided.get(self.size_class(nbytes))
+        return self.decided.get(self.size_class(nbytes, narrow))
 
-    def next_trial(self, nbytes: int) -> str:
+    def next_trial(self, nbytes: int, narrow: bool = False) -> str:
         """The contender the next allreduce of this size class runs (round robin)."""
-        done = len(self.trials.get(self.size_class(nbytes), []))
+        done = len(self.trials.get(self.size_class(nbytes, narrow), []))
         return self.contenders[done % len(self.contenders)]
 
-    def run_trial(self, comm: Any, nbytes: int, name: str, allreduce: Callable[[], None]) -> None:
+    def run_trial(self, comm: Any, nbytes: int, name: str, allreduce: Callable[[], None],
+                  narrow: bool = False) -> None:
         """Run ``allreduce`` (the contender ``name``) timed; collective over ``comm``.
 
         The time recorded is the slowest rank's (a collective ends when its last rank does),
@@ -69,7 +72,7 @@ class Calibration:
         allreduce()
         elapsed = self.clock() - start
         slowest = float(comm.allreduce(elapsed, op=MPI.MAX))
-        key = self.size_class(nbytes)
+        key = self.size_class(nbytes, narrow)
         trials = self.trials.setdefault(key, [])
         trials.append((name, slowest))
         if len(trials) >= TRIALS * len(self.contenders):
@@ -84,7 +87,7 @@ class Calibration:
             return SAFE
         return best
 
-    def summary(self) -> dict[int, dict[str, Any]]:
+    def summary(self) -> dict[tuple[bool, int], dict[str, Any]]:
         """Per size class: the trial times (seconds, slowest rank) and the decision."""
         return {key: {"trials": list(trials), "decided": self.decided.get(key)}
                 for key, trials in sorted(self.trials.items())}
