@@ -3,7 +3,7 @@
 #
 #   bash scripts/gpu_check.sh                 # everything; logs, tables, JSON in ./gpu_check
 #   WHEELS=.whl bash scripts/gpu_check.sh     # offline: mpi4py + Open MPI from carried wheels
-#   bash scripts/gpu_check.sh probe tests     # some parts only: probe, tests, bench, train
+#   bash scripts/gpu_check.sh probe tests     # some parts only: probe, tests, hf, bench, train
 #
 # With $OUT set (the lent GPU machine's result folder), everything is also packed into
 # $OUT/gpu_check.tgz after every step, so that a run cut short still brings its logs back.
@@ -17,6 +17,9 @@
 #    so that a missing GPU fails instead of skipping;
 #    scripts/gpu_cnn_check.py: a CNN with DistributedOptimizer + SyncBatchNorm, CUDA == CPU,
 #    at 2 and 4 ranks;
+# 3b. hf: torch.distributed's "mpitrain" backend on CUDA tensors (every collective, send/recv,
+#    stock DDP on CUDA == on CPU) at 1, 2 and 4 ranks; Hugging Face's Trainer on the GPU through
+#    each mpitrain route and the run_glue-style example (one rank: Trainer puts rank r on GPU r);
 # 4. bench: benchmarks/gpu_allreduce.py: kernel throughput as a fraction of the device copy bandwidth
 #    (1 MiB .. 1 GiB), allreduce algbw/busbw at 2 and 4 ranks beside host staging, and with
 #    1, 2 and 4 streams;
@@ -40,10 +43,10 @@ RESULTS=${RESULTS:-$PWD/gpu_check}
 mkdir -p "$RESULTS"
 VENV=${VENV:-.venv-gpu}
 STEP_TIMEOUT=${STEP_TIMEOUT:-240}
-PARTS=${*:-probe tests bench train}
+PARTS=${*:-probe tests hf bench train}
 for part in $PARTS; do
-    case $part in probe|tests|bench|train) ;;
-        *) echo "unknown part '$part': probe, tests, bench, train"; exit 2;; esac
+    case $part in probe|tests|hf|bench|train) ;;
+        *) echo "unknown part '$part': probe, tests, hf, bench, train"; exit 2;; esac
 done
 wants() { [[ " $PARTS " == *" $1 "* ]]; }
 if [ ! -x "$VENV/bin/python" ]; then
@@ -166,6 +169,20 @@ if wants tests; then
         step "cnn_np$np" "${MPIRUN[@]}" -np "$np" "$PY" scripts/gpu_cnn_check.py
     done
 fi
+if wants hf; then
+    for np in 1 2 4; do
+        step "c10d_cuda_np$np" "${MPIRUN[@]}" -np "$np" "$PY" -m pytest -q -p no:cacheprovider \
+            tests/gpu/test_gpu_torch_distributed.py
+    done
+    for route in c10d hvd dropin; do
+        step "trainer_cuda_$route" "${MPIRUN[@]}" -np 1 "$PY" tests/jobs/hf_trainer_routes.py \
+            "$route"
+    done
+    step glue_cuda "${MPIRUN[@]}" -np 1 "$PY" examples/pytorch/run_glue_mpitrain.py \
+        --output_dir /tmp/glue --do_train --do_eval --max_steps 40 \
+        --per_device_train_batch_size 32 --max_seq_length 64 --learning_rate 5e-4 \
+        --save_strategy no --seed 42 --max_documents 200
+fi
 if wants bench; then
     step bench_kernels "$PY" benchmarks/gpu_allreduce.py --kernels \
         --json "$RESULTS/kernels.json"
@@ -186,6 +203,7 @@ if wants train; then
     step bert_np1_mpitrain "${MPIRUN[@]}" -np 1 "${BERT[@]}" --output-dir /tmp/bert-1
     step bert_np1_nccl "${MPIRUN[@]}" -np 1 "${BERT[@]}" --backend nccl --output-dir /tmp/bert-1
     step bert_np2_mpitrain "${MPIRUN[@]}" -np 2 "${BERT[@]}" --output-dir /tmp/bert-2
+    step bert_np2_dropin "${MPIRUN[@]}" -np 2 "${BERT[@]}" --wrapper ddp --output-dir /tmp/bert-2
 fi
 echo
 echo "results in $RESULTS"

@@ -50,10 +50,10 @@ args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_s
                          max_steps=5, report_to=[], save_strategy="no", logging_strategy="no",
                          seed=0, disable_tqdm=True, **extra)
 Trainer(model=model, args=args, train_dataset=data).train()
-flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).cpu()
 digest = hashlib.sha1(flat.numpy().tobytes()).hexdigest()[:16]
 print(f"RESULT rank={args.process_index} world={args.world_size} "
-      f"sum={flat.double().sum().item():.9f} sha={digest}", flush=True)
+      f"sum={flat.double().sum().item():.9f} sha={digest} device={args.device}", flush=True)
 if route == "gloo":
     # Trainer leaves its Gloo group to the interpreter's exit, where Gloo's threads can race
     # the teardown ("terminate called without an active exception", seen under load): join

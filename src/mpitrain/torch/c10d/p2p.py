@@ -61,9 +61,13 @@ class PointToPoint:
 
     def send(self, tensor: torch.Tensor, dst: int, tag: int, progress: Progress) -> Work:
         """Post a send of ``tensor`` to rank ``dst``; the Work completes once it is sent."""
-        request = self.comm.Isend(self._buffer(tensor, "send tensor"), dest=dst,
+        # A GPU tensor travels from a host copy (MPI here need not be CUDA-aware); the copy
+        # is complete when .cpu() returns, so the caller may reuse the tensor at once.
+        staged = tensor.detach().cpu() if tensor.is_cuda else tensor
+        request = self.comm.Isend(self._buffer(staged, "send tensor"), dest=dst,
                                   tag=self._check_tag(tag))
         work = Work([tensor], poll=request.Test, describe=f"send to rank {dst}")
+        work._staged = staged  # keeps the host copy alive until MPI is done with it
         progress.watch(work)
         return work
 
@@ -72,7 +76,9 @@ class PointToPoint:
         """Post a receive into ``tensor`` from ``src`` (None: any rank)."""
         MPI = _mpi.load()
         source = MPI.ANY_SOURCE if src is None else src
-        request = self.comm.Irecv(self._buffer(tensor, "recv tensor"), source=source,
+        # A GPU tensor receives into a host buffer, copied onto the device once it arrived.
+        landing = torch.empty_like(tensor, device="cpu") if tensor.is_cuda else tensor
+        request = self.comm.Irecv(self._buffer(landing, "recv tensor"), source=source,
                                   tag=self._check_tag(tag))
         status = MPI.Status()
         described = "any rank" if src is None else f"rank {src}"
@@ -87,6 +93,8 @@ class PointToPoint:
                 raise ValueError(f"recv from rank {work.source_rank_value}: {count} bytes "
                                  f"arrived for a tensor of {tensor.numel() * tensor.element_size()}"
                                  " bytes; size the receive like the send")
+            if landing is not tensor:
+                tensor.copy_(landing)
             return True
 
         work._poll = poll

@@ -360,7 +360,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
             flat = torch.cat([_flat(t) for t in pieces])
             splits = [t.numel() for t in pieces]
         else:
-            flat = torch.empty(0, dtype=out.dtype)
+            flat = torch.empty(0, dtype=out.dtype, device=out.device)
             splits = [0] * self._size
         handle = collectives.alltoall_async(flat, splits=splits, name=self._name("scatter"),
                                   process_set=self._process_set)
