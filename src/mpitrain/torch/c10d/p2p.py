@@ -66,8 +66,12 @@ class PointToPoint:
         staged = tensor.detach().cpu() if tensor.is_cuda else tensor
         request = self.comm.Isend(self._buffer(staged, "send tensor"), dest=dst,
                                   tag=self._check_tag(tag))
-        work = Work([tensor], poll=request.Test, describe=f"send to rank {dst}")
-        work._staged = staged  # keeps the host copy alive until MPI is done with it
+
+        def poll(keep: torch.Tensor = staged) -> bool:
+            # ``keep`` holds the host copy for as long as MPI may read it.
+            return bool(request.Test())
+
+        work = Work([tensor], poll=poll, describe=f"send to rank {dst}")
         progress.watch(work)
         return work
 
