@@ -29,6 +29,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib
+import os
 import threading
 from typing import Any
 
@@ -48,6 +50,15 @@ except Exception:  # noqa: BLE001 - numba missing or without CUDA support: no ke
     _SIMULATED = False
 else:
     _SIMULATED = bool(getattr(_numba_config, "ENABLE_CUDASIM", False))
+    # A small bucket gets a small grid on purpose; numba's "Grid size N will likely result in
+    # GPU under-utilization" warning then floods every training log (seen in BERT runs on an
+    # H100).  Silenced unless the user asked for it through numba's own variable.
+    # numba-cuda reads it from numba.cuda.core.config, which some versions keep apart.
+    if "NUMBA_CUDA_LOW_OCCUPANCY_WARNINGS" not in os.environ:
+        for _config_name in ("numba.core.config", "numba.cuda.core.config"):
+            with contextlib.suppress(ImportError):
+                _config: Any = importlib.import_module(_config_name)
+                _config.CUDA_LOW_OCCUPANCY_WARNINGS = 0
 
 THREADS = 256
 MAX_BLOCKS = 4096  # grid-stride beyond this: enough blocks to fill any current GPU
