@@ -187,7 +187,7 @@ if wants hf; then
         step "c10d_cuda_np$np" "${MPIRUN[@]}" -np "$np" "$PY" -m pytest -q -p no:cacheprovider \
             tests/gpu/test_gpu_torch_distributed.py
     done
-    for route in c10d hvd dropin; do
+    for route in c10d hvd dropin ddp_backend; do
         step "trainer_cuda_$route" "${MPIRUN[@]}" -np 1 "$PY" tests/jobs/hf_trainer_routes.py \
             "$route"
     done

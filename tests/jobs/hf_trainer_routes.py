@@ -1,6 +1,7 @@
 """One rank of a Hugging Face Trainer run under mpirun; argv[1] picks how the job is set up.
 
-Routes: ``hvd`` (``mpitrain.init()`` only), ``dropin`` (``mpitrain.torch.distributed.
+Routes: ``hvd`` (``mpitrain.init()`` only), ``ddp_backend`` (``mpitrain.init()`` and
+``TrainingArguments(ddp_backend="mpitrain")``: GPU machines only), ``dropin`` (``mpitrain.torch.distributed.
 init_process_group``), ``c10d`` (``torch.distributed.init_process_group("mpitrain")``), and
 ``gloo`` (no mpitrain: Trainer's own Gloo route with ``use_cpu=True``; the reference).  Each
 rank prints one line: the world size Trainer saw and a checksum of the trained parameters.
@@ -27,6 +28,13 @@ elif route == "c10d":
     import mpitrain.torch  # noqa: F401 - registers the backend
 
     dist.init_process_group("mpitrain")
+elif route == "ddp_backend":
+    # hvd.init() exports the layout; Accelerate then creates torch's "mpitrain" group itself
+    # (on a GPU machine; on CPU Accelerate refuses every backend name but gloo and mpi).
+    import mpitrain as hvd
+    import mpitrain.torch  # noqa: F401 - registers the backend
+
+    hvd.init()
 elif route != "gloo":
     raise SystemExit(f"unknown route {route!r}")
 
@@ -45,7 +53,8 @@ gen = torch.Generator().manual_seed(1)
 data = [{"input_ids": torch.randint(0, 100, (16,), generator=gen),
          "attention_mask": torch.ones(16, dtype=torch.long),
          "labels": torch.randint(0, 2, (), generator=gen)} for _ in range(64)]
-extra = {"use_cpu": True, "ddp_backend": "gloo"} if route == "gloo" else {}
+extra = ({"use_cpu": True, "ddp_backend": "gloo"} if route == "gloo"
+         else {"ddp_backend": "mpitrain"} if route == "ddp_backend" else {})
 args = TrainingArguments(output_dir=tempfile.mkdtemp(), per_device_train_batch_size=4,
                          max_steps=5, report_to=[], save_strategy="no", logging_strategy="no",
                          seed=0, disable_tqdm=True, **extra)
