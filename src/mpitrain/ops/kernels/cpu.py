@@ -15,6 +15,7 @@ lazily per element type on first use.
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import warnings
@@ -23,6 +24,8 @@ from typing import Any
 
 import numba
 import numpy as np
+from llvmlite import ir as llvm_ir
+from numba.extending import intrinsic
 
 from ...dtypes import STORAGE, ReduceOp
 
@@ -165,6 +168,88 @@ def bf16_narrow(src, dst):
             dst[i] = np.uint16(b >> np.uint32(16))
 
 
+# ----------------------------------------------------------------------------- float16
+# numba has no float16 type on the CPU, and numpy's float16 casts run at ~1 and ~0.5 G
+# elements/s here (8M elements: 9.4 ms widening, 17 ms narrowing), which made float16
+# allreduces three times as dear as float32 ones in CPU time.  LLVM's own half conversions
+# (fpext/fptrunc, which become vcvtph2ps/vcvtps2ph on x86 with F16C) run at memory speed
+# (2.6 and 2.0 ms).  They round like numpy (to nearest even, overflow to infinity); the one
+# difference: a signalling NaN comes out quiet (in either direction; its sign and payload's
+# top bits kept), as with torch's conversions.
+@intrinsic
+def _half_to_float(typingctx: Any, bits: Any) -> Any:
+    """uint16 holding IEEE half bits -> float32 (exact)."""
+    if bits != numba.types.uint16:
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.fpext(builder.bitcast(args[0], llvm_ir.HalfType()), llvm_ir.FloatType())
+
+    return numba.types.float32(numba.types.uint16), codegen
+
+
+@intrinsic
+def _float_to_half(typingctx: Any, x: Any) -> Any:
+    """float32 -> IEEE half bits in a uint16, rounded to nearest even."""
+    if x != numba.types.float32:
+        return None
+
+    def codegen(context: Any, builder: Any, sig: Any, args: Any) -> Any:
+        return builder.bitcast(builder.fptrunc(args[0], llvm_ir.HalfType()), llvm_ir.IntType(16))
+
+    return numba.types.uint16(numba.types.float32), codegen
+
+
+@jit
+def _f16_widen(src, dst):
+    """float16 bits (uint16) -> float32."""
+    for i in range(src.size):
+        dst[i] = _half_to_float(src[i])  # type: ignore[call-arg] # numba supplies typingctx
+
+
+@jit
+def _f16_narrow(src, dst):
+    """float32 -> float16 bits (uint16), round to nearest even."""
+    for i in range(src.size):
+        dst[i] = _float_to_half(src[i])  # type: ignore[call-arg] # numba supplies typingctx
+
+
+def _hardware_half_works() -> bool:
+    """Compile and check the LLVM half conversions once; numpy's casts stand in if they fail
+    (an LLVM without a lowering for this CPU would leave an unresolved helper symbol)."""
+    try:
+        probe = np.array([1.0, -2.5, 65504.0, 6e-8, np.inf], dtype=np.float16)
+        wide = np.empty(probe.size, np.float32)
+        _f16_widen(probe.view(np.uint16), wide)
+        back = np.empty(probe.size, np.uint16)
+        _f16_narrow(wide, back)
+        return bool(np.array_equal(wide, probe.astype(np.float32))
+                    and np.array_equal(back, probe.view(np.uint16)))
+    except Exception:  # noqa: BLE001 - any failure to build means: use numpy's casts
+        return False
+
+
+@functools.cache
+def _hardware_half() -> bool:
+    return _hardware_half_works()
+
+
+def f16_widen(src: np.ndarray, dst: np.ndarray) -> None:
+    """``dst`` (float32) = ``src`` (float16 storage), exact."""
+    if _hardware_half():
+        _f16_widen(src.view(np.uint16), dst)
+    else:
+        np.copyto(dst, src.view(np.float16), casting="unsafe")
+
+
+def f16_narrow(src: np.ndarray, dst: np.ndarray) -> None:
+    """``dst`` (float16 storage) = ``src`` (float32) rounded to nearest even."""
+    if _hardware_half():
+        _f16_narrow(src, dst.view(np.uint16))
+    else:
+        np.copyto(dst.view(np.float16), src, casting="unsafe")
+
+
 # ------------------------------------------------------------------------ entry point
 def acc_dtype(dtype: str) -> np.dtype:
     """The element type reductions of ``dtype`` accumulate in (bool: uint8)."""
@@ -182,7 +267,7 @@ def _widened(src: np.ndarray, dtype: str, tmp: np.ndarray) -> np.ndarray:
         bf16_widen(src, tmp)
         return tmp
     if dtype == "float16":
-        np.copyto(tmp, src, casting="unsafe")
+        f16_widen(src, tmp)
         return tmp
     return src
 
@@ -230,7 +315,7 @@ def reduce_chunks(out: np.ndarray, sources: Sequence[np.ndarray], dtype: str, op
         elif dtype == "float16":
             if postscale != 1.0:
                 _f_store(a, a, post)
-            np.copyto(out, a, casting="unsafe")
+            f16_narrow(a, out)
         else:
             _f_store(out, a, post)
         return
@@ -259,7 +344,7 @@ def narrow_into(dst: np.ndarray, src: np.ndarray, dtype: str) -> None:
     if dtype == "bfloat16":
         bf16_narrow(src, dst)
     else:
-        np.copyto(dst, src, casting="unsafe")
+        f16_narrow(src, dst)
 
 
 _warm: set[str] = set()
