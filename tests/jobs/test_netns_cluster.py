@@ -96,6 +96,14 @@ def test_cluster_is_removed_even_when_the_body_fails():
     assert traces(name) == []
 
 
+def test_autogroup_scheduling_is_off_while_the_cluster_exists(cluster):
+    # Each host's daemon runs in a session of its own; with autogroups the kernel starved one
+    # rank for seconds at a time (tools/netns_cluster.py's docstring).
+    if not netns.AUTOGROUP.exists():
+        pytest.skip("this kernel has no autogroup scheduling")
+    assert netns.AUTOGROUP.read_text().strip() == "0"
+
+
 def test_layout_is_detected_per_host(cluster):
     result = launch(cluster, [sys.executable, "-m", "mpitrain.info", "--json"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
