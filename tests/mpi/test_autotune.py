@@ -160,8 +160,11 @@ def test_every_rank_ends_on_rank_zeros_choice_and_results_are_untouched(job):
                                                         for r in trials)
         step_bytes = sum(SHAPES) * 4
         assert all(int(r["steps"]) == 2 for r in rows[:-1])
-        # Whole steps per sample; a batch cut inside a step may shift one small tensor.
-        assert all(abs(int(r["bytes"]) - 2 * step_bytes) < 4 * 1000 * 4 for r in rows[:-1])
+        # Two steps per sample, give or take the tensors that share a cycle with the anchor
+        # at one end of the sample and not at the other (any of them, the largest included:
+        # CI saw the 2.4 MB one move once in ~20 runs).
+        assert all(abs(int(r["bytes"]) - 2 * step_bytes) <= (step_bytes - 4 * SHAPES[0])
+                   for r in rows[:-1])
 
 
 def test_ranks_follow_rank_zero_whatever_their_own_variables(job):
