@@ -8,6 +8,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -106,6 +107,22 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _signal_python_ranks(pid: int, signum: int) -> bool:
+    """Send ``signum`` to every Python process below ``pid``; True if there was one."""
+    sent = False
+    for child in _descendants(pid):
+        try:
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                argv0 = f.read().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if b"python" in os.path.basename(argv0):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(child, signum)
+                sent = True
+    return sent
+
+
 def _kill_tree(pid: int) -> None:
     """SIGKILL ``pid`` and all its descendants (launchers may put ranks in other groups)."""
     for victim in [*_descendants(pid), pid]:
@@ -114,11 +131,13 @@ def _kill_tree(pid: int) -> None:
 
 
 def run_job(np: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
-            timeout: float = 120, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+            timeout: float = 120, cwd: Path | None = None,
+            stack_dump: bool = False) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` on ``np`` ranks; a hang raises subprocess.TimeoutExpired (killing the job).
 
     A timeout kills mpirun and every process below it (ranks orphaned by a killed mpirun
-    would otherwise linger and load the machine).
+    would otherwise linger and load the machine); with ``stack_dump`` the Python ranks first
+    get SIGUSR1, which test ranks answer by writing their stacks (tests/rank_hooks.py).
     """
     with subprocess.Popen(mpirun_command(np, argv), env=job_env(env), cwd=cwd or ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -126,6 +145,9 @@ def run_job(np: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
+            # Test ranks dump their stacks on SIGUSR1 (tests/rank_hooks.py); give them a moment.
+            if stack_dump and _signal_python_ranks(proc.pid, signal.SIGUSR1):
+                time.sleep(3)
             _kill_tree(proc.pid)
             out, err = proc.communicate()
             raise subprocess.TimeoutExpired(exc.cmd, timeout, output=out, stderr=err) from None
@@ -136,6 +158,13 @@ def run_python(np: int, code: str, env: Mapping[str, str] | None = None,
                timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """Run a Python snippet on ``np`` ranks."""
     return run_job(np, [sys.executable, "-c", code], env=env, timeout=timeout)
+
+
+def _own_frames(stacks: Path) -> str:
+    """A faulthandler dump without pytest's and pluggy's frames (innermost frames first)."""
+    lines = [line for line in stacks.read_text().splitlines()
+             if "/_pytest/" not in line and "/pluggy/" not in line]
+    return "\n".join(lines)[:6000]
 
 
 def run_pytest_job(np: int, pytest_args: Sequence[str], env: Mapping[str, str], timeout: float,
@@ -155,10 +184,13 @@ def run_pytest_job(np: int, pytest_args: Sequence[str], env: Mapping[str, str], 
                 "--timeout-method=thread"]
         try:
             result = run_job(np, argv, env=dict(env, MPITRAIN_TEST_LOGDIR=logdir),
-                             timeout=timeout)
+                             timeout=timeout, stack_dump=True)
         except subprocess.TimeoutExpired as exc:
+            stacks = "".join(f"\n--- rank {p.stem}: where it waited ---\n{_own_frames(p)}"
+                             for p in sorted(Path(logdir).glob("*.stacks")) if p.stat().st_size)
             pytest.fail(f"{label} hung for {timeout:.0f} s:\n"
-                        f"{exc.stdout or ''}\n{exc.stderr or ''}"[-8000:])
+                        f"{exc.stdout or ''}\n{exc.stderr or ''}"[-8000:] + stacks,
+                        pytrace=False)
         logs = "".join(f"\n--- rank {p.stem} ---\n{p.read_text()[-4000:]}"
                        for p in sorted(Path(logdir).glob("*.log")))
     if result.returncode != 0:
