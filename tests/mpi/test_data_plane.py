@@ -114,6 +114,24 @@ def test_ring_carries_16_bit_values_bit_for_bit(group, dtype):
                 np.testing.assert_array_equal(recv.view(np.uint16), want.view(np.uint16), what)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_ring_with_several_segments_per_chunk(group, dtype):
+    # Every chunk spans several segments (1 MiB each), so the allgather's forwarding segment by
+    # segment, started inside the last reduce-scatter step, runs through every step at p >= 3.
+    from mpitrain.ops import ring
+    n = 800_011 * SIZE
+    send = values(RANK, n, dtype, ReduceOp.SUM)
+    recv = np.empty_like(send)
+    algorithms.allreduce(group, send, recv, dtype, ReduceOp.SUM, 1.0, 0.5, algorithm="ring")
+    inputs = [values(r, n, dtype, ReduceOp.SUM) for r in range(SIZE)]
+    if dtype == "float16":
+        want = ring.reference_16bit(inputs, dtype, ReduceOp.SUM, 1.0, 0.5)
+        np.testing.assert_array_equal(recv.view(np.uint16), want.view(np.uint16))
+    else:
+        check(recv, reference.reduce(inputs, dtype, ReduceOp.SUM, 1.0, 0.5), dtype, "ring")
+    assert same_everywhere(group, recv)
+
+
 def test_16_bit_ring_reference_differs_from_exact_accumulation():
     # A negative control for the test above: with enough ranks to round more than once, the
     # 16-bit ring is not the float32-accumulating reference (so the test can tell them apart).

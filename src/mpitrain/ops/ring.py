@@ -5,8 +5,9 @@ reduce-scatter steps each rank sends one chunk to its right neighbour and folds 
 arriving from its left into its own; after them rank r holds the full reduction of chunk
 (r+1) mod p, scales it, and p-1 allgather steps pass the finished chunks around.  Every chunk
 is cut into segments of :data:`mpitrain.ops.kernels.cpu.CHUNK_BYTES` so that the reduction of
-one segment overlaps the transfer of the next.  Each chunk is reduced along one fixed path and
-then copied, so every rank ends with the same bits.
+one segment overlaps the transfer of the next, and the allgather forwards segment by segment,
+starting while the reduce-scatter's last step is still arriving.  Each chunk is reduced along
+one fixed path and then copied, so every rank ends with the same bits.
 
 Traffic per rank: 2·(p-1)/p·S bytes sent and received, the bandwidth-optimal amount for
 ranks that do not share memory; used across nodes and by the hierarchical allreduce.
@@ -35,7 +36,8 @@ from .mpi import same_memory
 from .scratch import Scratch
 from .slices import balanced
 
-_TAG = 0x5249  # "RI"; the group's communicator carries nothing else concurrently
+_TAG = 0x5249  # "RI" (+ segment); the group's communicator carries nothing else concurrently
+_GATHER_TAG = 0x4147  # "AG", below every _TAG + i: MPI keeps one sender's same-tag order
 _SIXTEEN_BIT = ("float16", "bfloat16")
 
 
@@ -45,7 +47,15 @@ def _segments(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
 
 def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: float,
           ws: Scratch) -> None:
-    """In-place ring allreduce of ``work`` (accumulation type, prescale already applied)."""
+    """In-place ring allreduce of ``work`` (accumulation type, prescale already applied).
+
+    Reduce-scatter step k sends chunk r-k and folds chunk r-k-1 arriving from the left;
+    allgather step k receives chunk r-k and forwards it at step k+1.  Both phases move
+    segments, and the allgather starts inside the last reduce-scatter step: each segment of
+    the chunk finished there goes out as soon as it is reduced, and every allgather segment
+    is forwarded as soon as it arrives, so the link never idles between the phases (the
+    allgather's receives are posted before the data comes, so no rendezvous waits on them).
+    """
     p, r = comm.Get_size(), comm.Get_rank()
     right, left = (r + 1) % p, (r - 1) % p
     chunks = balanced(work.size, p)
@@ -56,26 +66,48 @@ def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: floa
     # 16-bit segments are widened to float32 here, one at a time.
     tmp = (ws.get("tmp", min(step, biggest), np.dtype(np.float32))
            if dtype in _SIXTEEN_BIT else None)
+
+    def segments(chunk: int) -> list[tuple[int, int]]:
+        return _segments(*chunks[chunk % p], step)
+
+    gathered: list[list[Any]] = []  # allgather step k: its receive requests, one per segment
+    gather_sends: list[Any] = []
+    # The allgather's last step receives chunk r+2, which the last reduce-scatter step is still
+    # sending from: it lands in scratch and is copied into place (MPI forbids receiving into
+    # a buffer a pending send reads).  Earlier steps' chunks are free by then.
+    last_in = ws.get("agin", biggest, work.dtype)
+    last_lo = chunks[(r + 2) % p][0]
     for k in range(p - 1):
-        send_lo, send_hi = chunks[(r - k) % p]
-        recv_lo, recv_hi = chunks[(r - k - 1) % p]
-        segs = _segments(recv_lo, recv_hi, step)
+        send_segs, recv_segs = segments(r - k), segments(r - k - 1)
+        recv_lo = chunks[(r - k - 1) % p][0]
         rreqs = [comm.Irecv([incoming[s - recv_lo:e - recv_lo], MPI.BYTE], left, _TAG + i)
-                 for i, (s, e) in enumerate(segs)]
+                 for i, (s, e) in enumerate(recv_segs)]
         sreqs = [comm.Isend([work[s:e], MPI.BYTE], right, _TAG + i)
-                 for i, (s, e) in enumerate(_segments(send_lo, send_hi, step))]
+                 for i, (s, e) in enumerate(send_segs)]
         last = k == p - 2
-        for i, (s, e) in enumerate(segs):
+        if last:  # post every allgather receive now, in the order the left neighbour sends
+            for g in range(p - 1):
+                into = (lambda s, e: last_in[s - last_lo:e - last_lo]) if g == p - 2 \
+                    else (lambda s, e: work[s:e])
+                gathered.append([comm.Irecv([into(s, e), MPI.BYTE], left, _GATHER_TAG)
+                                 for s, e in segments(r - g)])
+        for i, (s, e) in enumerate(recv_segs):
             rreqs[i].Wait()
             got = incoming[s - recv_lo:e - recv_lo]
             cpu.reduce_chunks(work[s:e], [got, work[s:e]], dtype, op, 1.0,
                               postscale if last else 1.0, acc, tmp)
+            if last:  # this segment of chunk r+1 is final: the allgather's first step
+                gather_sends.append(comm.Isend([work[s:e], MPI.BYTE], right, _GATHER_TAG))
         MPI.Request.Waitall(sreqs)
-    for k in range(p - 1):
-        send_lo, send_hi = chunks[(r + 1 - k) % p]
-        recv_lo, recv_hi = chunks[(r - k) % p]
-        comm.Sendrecv([work[send_lo:send_hi], MPI.BYTE], right, _TAG,
-                      [work[recv_lo:recv_hi], MPI.BYTE], left, _TAG)
+    for g, requests in enumerate(gathered):
+        forward = g < p - 2
+        for request, (s, e) in zip(requests, segments(r - g)):
+            request.Wait()
+            if forward:
+                gather_sends.append(comm.Isend([work[s:e], MPI.BYTE], right, _GATHER_TAG))
+            else:
+                work[s:e] = last_in[s - last_lo:e - last_lo]
+    MPI.Request.Waitall(gather_sends)
 
 
 def allreduce(comm: Any, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
