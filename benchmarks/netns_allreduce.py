@@ -116,6 +116,8 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
             else:
                 os.environ.pop("MPITRAIN_HIERARCHICAL_PIPELINE", None)
             os.environ["MPITRAIN_ALLREDUCE_ALGORITHM"] = algorithm
+            # auto says what its trials chose (rank 0, stderr): the report lists it.
+            os.environ["MPITRAIN_LOG_LEVEL"] = "INFO" if algorithm == "auto" else "WARNING"
             hvd.init()
             for s in buffers:
                 buf = halves[s] if name.endswith("-fp16") else buffers[s]
@@ -162,6 +164,10 @@ def report(data: dict, shaped: dict[str, str]) -> str:
             verdicts.append(f"{float(s):g} MiB: auto on float16 is "
                             f"{medians['mpi'] / medians['auto-fp16']:.2f}x MPI's float32 and "
                             f"{medians['auto'] / medians['auto-fp16']:.2f}x auto on float32")
+    decisions = data.get("auto_decisions", [])
+    if decisions:
+        verdicts += ["", "auto's choices (one line per round and size class; sizes are the "
+                     "bytes MPI's own would move, 16-bit classes apart):", *decisions]
     return "\n".join(lines + ["", *verdicts])
 
 
@@ -212,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         print(result.stdout[-4000:] + result.stderr[-4000:], file=sys.stderr)
         return result.returncode or 1
     data = json.loads(lines[-1][len("BENCH "):])
+    data["auto_decisions"] = [line.split("auto across nodes: ", 1)[1]
+                              for line in result.stderr.splitlines()
+                              if "auto across nodes: " in line]
     if args.json:
         Path(args.json).write_text(json.dumps({"shaping": shaped, **data}, indent=1))
     print(report(data, shaped))

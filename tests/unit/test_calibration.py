@@ -15,10 +15,10 @@ class SlowestRankComm:
         return max(value, self.slowest_elsewhere)
 
 
-def calibrate(costs: dict[str, list[float]], comm=None) -> Calibration:
+def calibrate(costs: dict[str, list[float]], comm=None, verbose=False) -> Calibration:
     """Run trials whose duration is the next cost listed for that contender."""
     now = [0.0]
-    calibration = Calibration(tuple(costs), clock=lambda: now[0])
+    calibration = Calibration(tuple(costs), clock=lambda: now[0], verbose=verbose)
     remaining = {name: list(times) for name, times in costs.items()}
     comm = comm or SlowestRankComm()
     nbytes = 32 << 20
@@ -52,11 +52,13 @@ def test_a_lucky_trial_does_not_decide_either():
     assert calibrate(costs).choice(32 << 20) == "mpi"
 
 
-def test_every_contender_runs_the_same_number_of_trials_round_robin():
+def test_every_contender_runs_its_trials_consecutively():
+    # In a row, as the chosen one will run (taking turns leaves connections idle between
+    # a contender's trials).
     costs = {name: [0.125] * TRIALS for name in ("mpi", "ring")}  # exact in binary
     calibration = calibrate(costs)
     names = [name for name, _ in calibration.trials[Calibration.size_class(32 << 20)]]
-    assert names == ["mpi", "ring"] * TRIALS
+    assert names == ["mpi"] * TRIALS + ["ring"] * TRIALS
     assert calibration.choice(32 << 20) == "mpi"  # a tie goes to the earlier contender
 
 
@@ -101,3 +103,13 @@ def test_the_table_judges_16_bit_buffers_by_the_bytes_mpi_would_move():
     assert choice_bytes(1000, "float16") == choice_bytes(1000, "bfloat16") == 2000
     # A 16-bit buffer of half the crossover is at the crossover as MPI would move it.
     assert choice_bytes(MPI_MAX_BYTES // 2, "float16") >= MPI_MAX_BYTES
+
+
+def test_a_verbose_calibration_says_its_decision_once(capsys):
+    costs = {"mpi": [0.25] * 3, "hierarchical": [0.125] * 3, "ring": [0.5] * 3}
+    calibrate(costs, verbose=True)
+    assert capsys.readouterr().err == (
+        "mpitrain: auto across nodes: allreduces of 32 MiB-64 MiB run hierarchical (median of "
+        "3 trials, slowest rank: mpi 250.0 ms, hierarchical 125.0 ms, ring 500.0 ms)\n")
+    calibrate(costs)
+    assert capsys.readouterr().err == ""  # quiet unless asked (log level INFO or lower)

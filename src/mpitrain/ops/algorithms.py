@@ -12,7 +12,7 @@ Allreduce (``MPITRAIN_ALLREDUCE_ALGORITHM``, default ``auto``) is chosen from
 * otherwise ``ring``.
 
 Across nodes the link decides more than the size: there ``auto`` (from :data:`MPI_MAX_BYTES`
-up) runs MPI's own, the table's choice and the ring in turn on the first allreduces of each
+up) runs MPI's own, the table's choice and the ring, a few calls each, on the first allreduces of each
 size class and keeps the fastest, agreed on every rank (:mod:`.calibration`;
 ``MPITRAIN_ALLREDUCE_CALIBRATE=0`` keeps the table).
 
@@ -241,7 +241,9 @@ def _calibration(group: Group, nbytes: int, algorithm: str | None,
             or group.topology.num_nodes == 1 or chosen.name == "mpi"):
         return None
     contenders = tuple(dict.fromkeys(("mpi", chosen.name, "ring")))
-    calibration: Calibration = group.memo("calibration", lambda: Calibration(contenders))
+    verbose = group.rank == 0 and group.config.log_level in ("TRACE", "DEBUG", "INFO")
+    calibration: Calibration = group.memo("calibration",
+                                          lambda: Calibration(contenders, verbose=verbose))
     return calibration
 
 

@@ -4,12 +4,17 @@ Across nodes the best allreduce depends on the link, which no size table can kno
 2x2 namespace cluster MPI's own Allreduce wins on a 1 Gbit/s link (it reaches the link's
 limit, our hierarchical allreduce about 60% of it), hierarchical wins 3x on an unshaped one,
 and with one rank per host our ring wins on the same 1 Gbit/s link.  So for each size class
-(powers of two) the first ``TRIALS x len(contenders)`` large allreduces each run one contender
-in turn, on the real data (every trial is a correct allreduce); each trial's time is the
-slowest rank's, agreed with one small MAX-allreduce; then the contender with the smallest
-median trial time is kept for that class, unless MPI's own is within :data:`MARGIN` of it
-(then MPI's own is kept).  Every rank sees the same agreed times, makes the same choice and
-runs the same algorithm: no disagreement, no hang.
+(powers of two) the first ``TRIALS x len(contenders)`` large allreduces run the contenders one
+after another, ``TRIALS`` consecutive calls each, on the real data (every trial is a correct
+allreduce).  Consecutive, because that is how the chosen one will run (taking turns call by
+call measures each contender after the others' traffic, with its own connections idle).  On
+the 10 Gbit/s namespace cluster MPI's own still measured slower in its trials than in steady
+use (32 MiB: 97-146 ms in a row, 116-160 ms taking turns, 53-117 ms after ten warm calls,
+2026-11-27): the first calls after ``init()`` cost more, and its times vary most.  Each
+trial's time is the slowest rank's, agreed with one small MAX-allreduce; then the contender
+with the smallest median trial time is kept for that class, unless MPI's own is within
+:data:`MARGIN` of it (then MPI's own is kept).  Every rank sees the same agreed times, makes the same
+choice and runs the same algorithm: no disagreement, no hang.
 
 Used only where ``auto`` would otherwise pick by table across several nodes (from
 ``MPI_MAX_BYTES`` up); one node keeps the measured table, where shared memory wins by 2-3x.
@@ -18,6 +23,7 @@ Used only where ``auto`` would otherwise pick by table across several nodes (fro
 from __future__ import annotations
 
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +32,7 @@ from typing import Any
 from mpi4py import MPI
 
 # Per contender and size class; their median counts: one spike (another job, the first
-# call's set-up) does not decide, and an algorithm that is fast only sometimes (two TCP
+# call's set-up or cold connections) does not decide, and an algorithm that is fast only sometimes (two TCP
 # flows sharing a shaped link stall now and then) is judged by its usual time.
 TRIALS = 3
 # Another contender replaces MPI's own only when its median is at least this much smaller:
@@ -42,6 +48,7 @@ class Calibration:
 
     contenders: tuple[str, ...]
     clock: Callable[[], float] = time.perf_counter
+    verbose: bool = False  # say each decision on stderr (rank 0 at log level INFO or lower)
     trials: dict[tuple[bool, int], list[tuple[str, float]]] = field(default_factory=dict)
     decided: dict[tuple[bool, int], str] = field(default_factory=dict)
 
@@ -57,9 +64,9 @@ class Calibration:
         return self.decided.get(self.size_class(nbytes, narrow))
 
     def next_trial(self, nbytes: int, narrow: bool = False) -> str:
-        """The contender the next allreduce of this size class runs (round robin)."""
+        """The contender the next allreduce of this size class runs (``TRIALS`` in a row)."""
         done = len(self.trials.get(self.size_class(nbytes, narrow), []))
-        return self.contenders[done % len(self.contenders)]
+        return self.contenders[(done // TRIALS) % len(self.contenders)]
 
     def run_trial(self, comm: Any, nbytes: int, name: str, allreduce: Callable[[], None],
                   narrow: bool = False) -> None:
@@ -77,6 +84,19 @@ class Calibration:
         trials.append((name, slowest))
         if len(trials) >= TRIALS * len(self.contenders):
             self.decided[key] = self._decide(trials)
+            if self.verbose:
+                sys.stderr.write(self.describe(key) + "\n")
+
+    def describe(self, key: tuple[bool, int]) -> str:
+        """One line: the size class, what it runs and the trial medians that chose it."""
+        narrow, bits = key
+        low, high = (1 << (bits - 1)) if bits else 0, 1 << bits
+        medians = ", ".join(
+            f"{c} {statistics.median(t for n, t in self.trials[key] if n == c) * 1e3:.1f} ms"
+            for c in self.contenders)
+        return (f"mpitrain: auto across nodes: allreduces of {_size(low)}-{_size(high)}"
+                f"{' (16-bit)' if narrow else ''} run {self.decided[key]} (median of "
+                f"{TRIALS} trials, slowest rank: {medians})")
 
     def _decide(self, trials: list[tuple[str, float]]) -> str:
         """The fastest contender by median; MPI's own unless beaten by :data:`MARGIN`."""
@@ -91,3 +111,10 @@ class Calibration:
         """Per size class: the trial times (seconds, slowest rank) and the decision."""
         return {key: {"trials": list(trials), "decided": self.decided.get(key)}
                 for key, trials in sorted(self.trials.items())}
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:g} {unit}"
+    return f"{nbytes} B"

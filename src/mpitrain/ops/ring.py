@@ -68,7 +68,8 @@ def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: floa
            if dtype in _SIXTEEN_BIT else None)
 
     def segments(chunk: int) -> list[tuple[int, int]]:
-        return _segments(*chunks[chunk % p], step)
+        lo, hi = chunks[chunk % p]
+        return _segments(lo, hi, step)
 
     gathered: list[list[Any]] = []  # allgather step k: its receive requests, one per segment
     gather_sends: list[Any] = []
