@@ -160,7 +160,10 @@ if wants tests; then
     # each launched directly: tests/gpu at 2 and 4 ranks takes 21-28 s on an H100 this way
     # (2026-11-27).  Through the pytest driver (tests/test_gpu_suites.py) the same np2 job did
     # not finish in 120 s on that machine, cause unknown; the last step runs it once with the
-    # driver's own job timeout short, so that its failure report (every rank's output) comes back.
+    # driver's own job timeout short, so that its failure report comes back: every rank's
+    # output and, since 2026-11-27, every rank's Python stack at the moment it was killed
+    # (tests/support.py sends SIGUSR1 first; a rank with no stack there hung before pytest
+    # loaded its conftest, e.g. in MPI_Init).
     # (timeout cannot run a shell function: each step spells its command out)
     SUITE=("$PY" -m pytest -q -p no:cacheprovider tests/gpu --timeout=120
            --timeout-method=thread)
