@@ -233,6 +233,33 @@ def test_auto_calibrates_across_nodes_and_agrees(group):
     assert len(set(WORLD.allgather(tuple(trials)))) == 1  # the same agreed times everywhere
 
 
+def test_auto_calibrates_16_bit_buffers_below_the_crossover_across_nodes(group):
+    # MPI's own path widens float16 (twice the bytes on the wire), so across nodes a float16
+    # buffer of 1.2 MB widened (below the 4 MiB crossover) is calibrated too; float32 of the
+    # same widened size is not.
+    from mpitrain.ops.calibration import TRIALS, Calibration
+    n = 300_001
+    send = values(RANK, n, "float16", ReduceOp.SUM)
+    inputs = [values(r, n, "float16", ReduceOp.SUM) for r in range(SIZE)]
+    for i in range(3 * TRIALS + 2):
+        recv = np.empty_like(send)
+        algorithms.allreduce(group, send, recv, "float16", ReduceOp.SUM, algorithm="auto")
+        check(recv, reference.reduce(inputs, "float16", ReduceOp.SUM), "float16", f"call {i}")
+        assert same_everywhere(group, recv)
+    small32 = values(RANK, 2 * n, "float32", ReduceOp.SUM)
+    algorithms.allreduce(group, small32, np.empty_like(small32), "float32", ReduceOp.SUM,
+                         algorithm="auto")
+    calibration = group.memo("calibration", lambda: None)
+    if group.topology.num_nodes == 1:
+        assert calibration is None
+        return
+    narrow = Calibration.size_class(algorithms.choice_bytes(send.nbytes, "float16"), True)
+    assert len(calibration.trials[narrow]) == TRIALS * len(calibration.contenders)
+    assert calibration.decided[narrow] in calibration.contenders
+    assert len(set(WORLD.allgather(calibration.decided[narrow]))) == 1
+    assert Calibration.size_class(small32.nbytes) not in calibration.trials
+
+
 def test_auto_picks_by_size_and_layout(group):
     small = algorithms.choose_allreduce(group, 8, "auto")
     large = algorithms.choose_allreduce(group, 64 << 20, "auto")

@@ -12,9 +12,10 @@ Allreduce (``MPITRAIN_ALLREDUCE_ALGORITHM``, default ``auto``) is chosen from
 * otherwise ``ring``.
 
 Across nodes the link decides more than the size: there ``auto`` (from :data:`MPI_MAX_BYTES`
-up) runs MPI's own, the table's choice and the ring, a few calls each, on the first allreduces of each
-size class and keeps the fastest, agreed on every rank (:mod:`.calibration`;
-``MPITRAIN_ALLREDUCE_CALIBRATE=0`` keeps the table).
+up, and for 16-bit buffers from :data:`NARROW_CALIBRATION_BYTES`) runs MPI's own, the table's
+choice and the ring, a few calls each, on the first allreduces of each size class and keeps
+the fastest, agreed on every rank (:mod:`.calibration`; ``MPITRAIN_ALLREDUCE_CALIBRATE=0``
+keeps the table).
 
 The crossover sizes are measured by ``benchmarks/allreduce.py`` on the 2-core development
 machine (the table is in the README).  A forced algorithm that cannot run on this layout
@@ -153,6 +154,14 @@ ALLREDUCE_TABLE: tuple[AllreduceAlgorithm, ...] = (
 # call, so it moves twice their bytes and converts them twice.
 WIDENED_BY_MPI = ("float16", "bfloat16")
 
+# Across nodes, 16-bit buffers are calibrated from this size up (their widened bytes, as
+# choice_bytes), below the float32 crossover too: there MPI's own path sends twice the bytes
+# our ring and hierarchical allreduce send, which on a slow link can cost more than MPI's
+# lower latency saves.  Measured 2026-11-27 (2 namespace hosts x 2 ranks, 1 Gbit/s): the
+# small transformer of benchmarks/compression_training.py, whose fp16 buckets stayed below
+# 4 MiB, stepped slower with Compression.fp16 than without (80 vs 66 ms).
+NARROW_CALIBRATION_BYTES = 256 << 10
+
 
 def choice_bytes(nbytes: int, dtype: str) -> int:
     """The size the table and auto's calibration judge a buffer by: its bytes as MPI's own
@@ -213,7 +222,7 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
     narrow = dtype in WIDENED_BY_MPI
     nbytes = choice_bytes(send.nbytes, dtype)
     algo = _choose_allreduce(group, nbytes, algorithm)
-    calibration = _calibration(group, nbytes, algorithm, algo)
+    calibration = _calibration(group, nbytes, algorithm, algo, narrow)
     if calibration is not None:
         decided = calibration.choice(nbytes, narrow)
         if decided is None:
@@ -230,16 +239,21 @@ _ROWS = {row.name: row for row in ALLREDUCE_TABLE}
 
 
 def _calibration(group: Group, nbytes: int, algorithm: str | None,
-                 chosen: AllreduceAlgorithm) -> Calibration | None:
+                 chosen: AllreduceAlgorithm, narrow: bool = False) -> Calibration | None:
     """The group's calibration when ``auto`` picks across nodes for this size, else None.
 
-    The same answer on every rank: it depends on the request, the agreed topology and
-    configuration, and the table's (agreed) choice.
+    The same answer on every rank: it depends on the request, the element type, the agreed
+    topology and configuration, and the table's (agreed) choice.
     """
     requested = algorithm or group.config.allreduce_algorithm
     if (requested != "auto" or not group.config.allreduce_calibrate
-            or group.topology.num_nodes == 1 or chosen.name == "mpi"):
+            or group.topology.num_nodes == 1):
         return None
+    if chosen.name == "mpi":
+        if not (narrow and nbytes >= NARROW_CALIBRATION_BYTES):
+            return None
+        # A 16-bit buffer below the crossover: try what the table takes above it as well.
+        chosen = _choose_allreduce(group, MPI_MAX_BYTES, requested)
     contenders = tuple(dict.fromkeys(("mpi", chosen.name, "ring")))
     verbose = group.rank == 0 and group.config.log_level in ("TRACE", "DEBUG", "INFO")
     calibration: Calibration = group.memo("calibration",
