@@ -11,11 +11,11 @@ Allreduce (``MPITRAIN_ALLREDUCE_ALGORITHM``, default ``auto``) is chosen from
 * several nodes: ``hierarchical`` (shared memory inside, a ring per local rank across);
 * otherwise ``ring``.
 
-Across nodes the link decides more than the size: there ``auto`` (from :data:`MPI_MAX_BYTES`
-up, and for 16-bit buffers from :data:`NARROW_CALIBRATION_BYTES`) runs MPI's own, the table's
-choice and the ring, a few calls each, on the first allreduces of each size class and keeps
-the fastest, agreed on every rank (:mod:`.calibration`; ``MPITRAIN_ALLREDUCE_CALIBRATE=0``
-keeps the table).
+Across nodes the link decides more than the size: there ``auto`` (from
+:data:`CALIBRATION_MIN_BYTES` up, 16-bit buffers from :data:`NARROW_CALIBRATION_BYTES`) runs
+MPI's own, the table's choice and the ring, a few calls each, on the first allreduces of each
+size class and keeps the fastest, agreed on every rank (:mod:`.calibration`;
+``MPITRAIN_ALLREDUCE_CALIBRATE=0`` keeps the table).
 
 The crossover sizes are measured by ``benchmarks/allreduce.py`` on the 2-core development
 machine (the table is in the README).  A forced algorithm that cannot run on this layout
@@ -154,12 +154,14 @@ ALLREDUCE_TABLE: tuple[AllreduceAlgorithm, ...] = (
 # call, so it moves twice their bytes and converts them twice.
 WIDENED_BY_MPI = ("float16", "bfloat16")
 
-# Across nodes, 16-bit buffers are calibrated from this size up (their widened bytes, as
-# choice_bytes), below the float32 crossover too: there MPI's own path sends twice the bytes
-# our ring and hierarchical allreduce send, which on a slow link can cost more than MPI's
-# lower latency saves.  Measured 2026-11-27 (2 namespace hosts x 2 ranks, 1 Gbit/s): the
+# Across nodes ``auto`` calibrates from these sizes up (bytes as choice_bytes counts them),
+# below the one-node crossover MPI_MAX_BYTES too: how far MPI's own is from the link depends
+# on the layout (2 namespace hosts x 2 ranks at 1 Gbit/s: MPI at the link's limit from 1 MiB;
+# 3 hosts x 2 ranks: hierarchical 1.55x faster than MPI at 1 MiB, 2026-11-27).  16-bit buffers
+# from lower still: MPI's path sends twice their bytes.  Measured the same day on 2 x 2: the
 # small transformer of benchmarks/compression_training.py, whose fp16 buckets stayed below
 # 4 MiB, stepped slower with Compression.fp16 than without (80 vs 66 ms).
+CALIBRATION_MIN_BYTES = 1 << 20
 NARROW_CALIBRATION_BYTES = 256 << 10
 
 
@@ -250,9 +252,9 @@ def _calibration(group: Group, nbytes: int, algorithm: str | None,
             or group.topology.num_nodes == 1):
         return None
     if chosen.name == "mpi":
-        if not (narrow and nbytes >= NARROW_CALIBRATION_BYTES):
+        if nbytes < (NARROW_CALIBRATION_BYTES if narrow else CALIBRATION_MIN_BYTES):
             return None
-        # A 16-bit buffer below the crossover: try what the table takes above it as well.
+        # Below the one-node crossover: try what the table takes above it as well.
         chosen = _choose_allreduce(group, MPI_MAX_BYTES, requested)
     contenders = tuple(dict.fromkeys(("mpi", chosen.name, "ring")))
     verbose = group.rank == 0 and group.config.log_level in ("TRACE", "DEBUG", "INFO")

@@ -13,11 +13,12 @@ use (32 MiB: 97-146 ms in a row, 116-160 ms taking turns, 53-117 ms after ten wa
 2026-11-27): the first calls after ``init()`` cost more, and its times vary most.  Each
 trial's time is the slowest rank's, agreed with one small MAX-allreduce; then the contender
 with the smallest median trial time is kept for that class, unless MPI's own is within
-:data:`MARGIN` of it (then MPI's own is kept).  Every rank sees the same agreed times, makes the same
-choice and runs the same algorithm: no disagreement, no hang.
+:data:`MARGIN` of it (then MPI's own is kept).  Every rank sees the same agreed times,
+makes the same choice and runs the same algorithm: no disagreement, no hang.
 
-Used only where ``auto`` would otherwise pick by table across several nodes (from
-``MPI_MAX_BYTES`` up); one node keeps the measured table, where shared memory wins by 2-3x.
+Used only across several nodes, from ``algorithms.CALIBRATION_MIN_BYTES`` up (16-bit buffers
+from ``NARROW_CALIBRATION_BYTES``); one node keeps the measured table, where shared memory wins
+by 2-3x.
 """
 
 from __future__ import annotations
