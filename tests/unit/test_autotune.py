@@ -196,6 +196,40 @@ def test_one_off_name_does_not_stall_the_sample(tmp_path):
     assert rows(tmp_path)[0]["bytes"] == "40"  # a, b, a, b: two whole steps
 
 
+@pytest.mark.parametrize("seed", range(40))
+def test_a_samples_bytes_are_its_steps_give_or_take_less_than_one_step(tmp_path, seed):
+    # Whatever cycles a step's tensors fall into, in whatever order within the step, and
+    # however many cycles a new setting takes to apply, a sample of two steps holds two
+    # steps' bytes give or take less than one step (the tensors sharing the anchor's cycle at
+    # either end).  The MPI test's workload (tests/mpi/test_autotune.py), on a fake clock.
+    import random
+    rng = random.Random(seed)
+    sizes = [4 * n for n in (7, 1000, 33, 600_000, 5)]
+    step_bytes = sum(sizes)
+    t = tuner(tmp_path, warmup=1, steps=2)
+    now = [0.0]
+    t._now = lambda: now[0]
+    t.applied(t.generation)
+    pending = None  # [generation, cycles until every rank applies it]
+    while not t.frozen:
+        order = list(range(len(sizes)))
+        rng.shuffle(order)
+        cycles: list[list[int]] = [[] for _ in range(rng.randint(1, len(sizes)))]
+        for i in order:
+            cycles[rng.randrange(len(cycles))].append(i)
+        for cycle in filter(None, cycles):
+            now[0] += rng.random()
+            if pending is not None:
+                pending[1] -= 1
+                if pending[1] == 0:
+                    t.applied(pending[0])
+                    pending = None
+            if t.measuring and t.record([(f"grad.{i}", sizes[i]) for i in cycle]):
+                pending = [t.generation, rng.randint(1, 3)]
+    samples = [int(r["bytes"]) for r in rows(tmp_path)[:-1]]
+    assert samples and all(abs(b - 2 * step_bytes) < step_bytes for b in samples), samples
+
+
 def test_unfinished_search_logs_its_best_so_far(tmp_path):
     t = tuner(tmp_path, warmup=0, steps=1)
     Simulated(t, lambda s, now: 1e-3, steps=3)

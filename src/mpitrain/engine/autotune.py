@@ -188,9 +188,12 @@ class Autotuner:
     each batch of allreduces runs, what it is about to run (:meth:`record`).  A sample runs
     from one occurrence of its *anchor* (the first tensor name it sees) to the occurrence
     ``steps_per_sample`` steps later, excluded, counting whole cycles (bytes and time over
-    the same cycles, so the score is a true rate).  Whether a sample's bytes are always its
-    steps' bytes is open: clean CI runs at 4 ranks twice logged samples off by more than a
-    step, never reproduced directly (see tests/mpi/test_autotune.py).
+    the same cycles, so the score is a true rate).  A sample's bytes are its steps' bytes
+    give or take less than one step (the tensors sharing the anchor's cycle at either end),
+    for any cutting of steps into cycles, any order within a step and any delay before a
+    setting applies (tests/unit/test_autotune.py replays that); clean CI runs at 4 ranks
+    twice logged samples off by more than a step, so something outside that model happened
+    there (never reproduced directly; tests/mpi/test_autotune.py prints its rows).
     When a sample is complete the tuner moves to the next setting, whose
     :attr:`generation` the engine publishes.  Not thread-safe: the engine thread alone
     calls it.
