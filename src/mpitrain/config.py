@@ -132,6 +132,11 @@ class Config:
     # autotune leaves those alone, as Horovod does with a variable the user set.
     explicit: frozenset[str] = frozenset()
 
+    @property
+    def logs_info(self) -> bool:
+        """Whether rank 0 says what it decided (autotune, auto's calibration): INFO or lower."""
+        return self.log_level in ("TRACE", "DEBUG", "INFO")
+
 
 VARIABLES: tuple[Variable, ...] = (
     Variable("fusion_threshold", "MPITRAIN_FUSION_THRESHOLD", _parse_nonneg_int,

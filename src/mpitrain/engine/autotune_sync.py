@@ -69,7 +69,7 @@ class AutotuneSync:
                                       config.autotune_max_samples)
             tuner = Autotuner(search, config.autotune_warmup_samples,
                               config.autotune_steps_per_sample, config.autotune_log,
-                              verbose=config.log_level in ("TRACE", "DEBUG", "INFO"))
+                              verbose=config.logs_info)
         return cls(rank, tuner)
 
     @property

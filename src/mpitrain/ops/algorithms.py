@@ -257,7 +257,7 @@ def _calibration(group: Group, nbytes: int, algorithm: str | None,
         # Below the one-node crossover: try what the table takes above it as well.
         chosen = _choose_allreduce(group, MPI_MAX_BYTES, requested)
     contenders = tuple(dict.fromkeys(("mpi", chosen.name, "ring")))
-    verbose = group.rank == 0 and group.config.log_level in ("TRACE", "DEBUG", "INFO")
+    verbose = group.rank == 0 and group.config.logs_info
     calibration: Calibration = group.memo("calibration",
                                           lambda: Calibration(contenders, verbose=verbose))
     return calibration
