@@ -33,8 +33,9 @@ from typing import Any
 from mpi4py import MPI
 
 # Per contender and size class; their median counts: one spike (another job, the first
-# call's set-up or cold connections) does not decide, and an algorithm that is fast only sometimes (two TCP
-# flows sharing a shaped link stall now and then) is judged by its usual time.
+# call's set-up or cold connections) does not decide, and an algorithm that is fast only
+# sometimes (two TCP flows sharing a shaped link stall now and then) is judged by its usual
+# time.
 TRIALS = 3
 # Another contender replaces MPI's own only when its median is at least this much smaller:
 # ours can stall now and then where MPI's does not (seen on shaped links, 2026-11-26), and a
