@@ -48,7 +48,7 @@ def main() -> None:
     original = MPI.COMM_WORLD.Get_rank()
     die_at = schedule.get(str(original))
     log: dict = {"rank": original, "batches": [], "resets": 0, "sizes": [], "recovered_at": [],
-                 "launches": 0}
+                 "launches": 0, "netns": os.readlink("/proc/self/ns/net")}
     path = os.path.join(logdir, f"rank{original}.json")
     if grow is not None and os.path.exists(path):
         with open(path) as f:  # restarted on new hosts: one log across the launches
@@ -84,12 +84,39 @@ def main() -> None:
         open(marker, "w").close()
         os.kill(os.getpid(), signal.SIGKILL)
 
+    def wait_for_host_peers_logs(netns: str) -> None:
+        """Let the ranks of this host finish logging the batches every rank has committed.
+
+        The host is killed right after the commit of the batch before: a peer on it may have
+        committed that batch (its samples count as trained) but not yet logged them, and then
+        the test's evidence, not the training, would miss them.  Bounded: after 10 s the host
+        dies anyway and the test reports what is missing."""
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            behind = False
+            for name in os.listdir(logdir):
+                if not (name.startswith("rank") and name.endswith(".json")):
+                    continue
+                try:
+                    with open(os.path.join(logdir, name)) as f:
+                        peer = json.load(f)
+                except (OSError, ValueError):
+                    behind = True  # being replaced right now: read it again
+                    continue
+                logged = sum(1 for e, _ in peer["batches"] if e == state.epoch)
+                if peer.get("netns") == netns and logged < state.batch:
+                    behind = True
+            if not behind:
+                return
+            time.sleep(0.01)
+
     def die_with_host() -> None:
         """The whole host dies: every process of this network namespace (a host of the
         namespace cluster, tools/netns_cluster.py), Open MPI's daemon included."""
         if os.environ.get("ELASTIC_TRAIN_NETNS_HOST") != "1":  # never on a real machine
             raise RuntimeError("'host' deaths need ELASTIC_TRAIN_NETNS_HOST=1 (namespace hosts)")
         mine = os.readlink("/proc/self/ns/net")
+        wait_for_host_peers_logs(mine)
         log["died_at"] = time.time()
         write_log()
         open(marker, "w").close()
