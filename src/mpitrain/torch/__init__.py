@@ -31,9 +31,14 @@ def __getattr__(name: str) -> Any:
     if not name.startswith("__") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f"{__name__}.{name}")
     try:
-        return getattr(mpitrain, name)
+        value = getattr(mpitrain, name)
     except AttributeError:
         raise AttributeError(f"module 'mpitrain.torch' has no attribute {name!r}") from None
+    # Kept here, so that the next ``hvd.allreduce`` is a plain lookup instead of a file-system
+    # probe (find_spec above: ~10 us on every call of a training loop).  mpitrain's face
+    # never rebinds its names, so the copy cannot go stale.
+    globals()[name] = value
+    return value
 
 
 def __dir__() -> list[str]:
