@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -13,6 +14,15 @@ from .. import collectives
 from ..process_sets import ProcessSet, global_process_set, size_of
 
 _instances = itertools.count()
+
+
+@dataclass
+class _Deferred:
+    """A bucket whose whole reduction waits for :meth:`GradientReducer.finish`."""
+
+    tensors: list[torch.Tensor]
+    key: str
+    average: bool
 
 
 def compressible(tensor: torch.Tensor) -> bool:
@@ -46,6 +56,26 @@ class GradientReducer(ABC):
             average: False leaves the sum instead (an MXNet KVStore push sums).
         """
 
+    # ------------------------------------------------ in stages, overlapping backward
+    # A DistributedOptimizer begins each bucket as soon as backward has produced its
+    # gradients, then at synchronize() advances every bucket, then finishes them, all in
+    # bucket order.  Every rank must make the same calls in the same order (the stages
+    # submit collectives).  By default nothing starts early: finish() does the whole reduce.
+
+    def begin(self, tensors: Sequence[torch.Tensor], key: str, average: bool = True) -> Any:
+        """Start reducing ``tensors`` (what can go on the wire before the step); returns
+        what :meth:`advance` and :meth:`finish` take."""
+        return _Deferred(list(tensors), key, average)
+
+    def advance(self, started: Any) -> None:
+        """The next stage of a begun reduction, submitted before any bucket finishes."""
+        return  # by default there is none: finish() does everything
+
+    def finish(self, started: Any, last: bool = True) -> None:
+        """Complete a begun reduction: ``tensors`` hold the average (or sum) after it."""
+        assert isinstance(started, _Deferred)
+        self.reduce(started.tensors, started.key, last, started.average)
+
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """This rank's state: enough to continue bit for bit after :meth:`load_state_dict`."""
@@ -76,12 +106,25 @@ class GradientReducer(ABC):
 
     def allreduce_sum(self, tensors: Sequence[torch.Tensor], key: str, what: str) -> None:
         """Sum ``tensors`` across ranks in place: one fused, negotiated request."""
+        self.wait(self.allreduce_sum_async(tensors, key, what))
+
+    def allreduce_sum_async(self, tensors: Sequence[torch.Tensor], key: str,
+                            what: str) -> Any:
+        """Start summing ``tensors`` across ranks in place; None when there is nothing to
+        send, else the handle :meth:`wait` takes."""
         tensors = [t for t in tensors if t.numel() > 0]
         if not tensors:
-            return
+            return None
         self.wire_bytes += sum(t.numel() * t.element_size() for t in tensors)
-        collectives.grouped_allreduce_(tensors, op=collectives.Sum,
-                                       name=self.name(key, what), process_set=self.process_set)
+        return collectives.grouped_allreduce_async_(tensors, op=collectives.Sum,
+                                                    name=self.name(key, what),
+                                                    process_set=self.process_set)
+
+    @staticmethod
+    def wait(handle: Any) -> None:
+        """Wait for a handle of :meth:`allreduce_sum_async` (None: nothing was sent)."""
+        if handle is not None:
+            collectives.synchronize(handle)
 
     def allgather(self, tensors: Sequence[torch.Tensor], key: str,
                   what: str) -> list[torch.Tensor]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,25 @@ def orthogonalize(matrices: torch.Tensor, epsilon: float = 0.0) -> None:
     else:
         torch.linalg.qr(matrices, out=(matrices, torch.empty(
             matrices.shape[0], rank, rank, device=matrices.device, dtype=matrices.dtype)))
+
+
+@dataclass
+class _Started:
+    """One bucket between :meth:`PowerSGD.begin` and :meth:`PowerSGD.finish`."""
+
+    key: str
+    tensors: list[torch.Tensor]
+    average: bool
+    plain: list[torch.Tensor]  # sent as they are (all of them during the warm-up)
+    plain_handle: Any = None
+    before: list[torch.Tensor] | None = None  # M, for the error after decompression
+    compressed: bool = False  # False: a warm-up step
+    ordered: list[torch.Tensor] = field(default_factory=list)  # (1, n, k) views of the Ms
+    ps: list[torch.Tensor] = field(default_factory=list)
+    qs: list[torch.Tensor] = field(default_factory=list)
+    p_handle: Any = None
+    q_handle: Any = None
+    advanced: bool = False
 
 
 class PowerSGD(GradientReducer):
@@ -102,12 +122,18 @@ class PowerSGD(GradientReducer):
 
     def reduce(self, tensors: Sequence[torch.Tensor], key: str = "grads",
                last: bool = True, average: bool = True) -> None:
+        self.finish(self.begin(tensors, key, average), last)
+
+    # Stages (see GradientReducer.begin): begin sends P and the plain tensors, advance
+    # orthogonalises P and sends Q, finish decompresses and keeps the error.
+
+    def begin(self, tensors: Sequence[torch.Tensor], key: str,
+              average: bool = True) -> _Started:
         tensors = list(tensors)
         if self.iter < self.start_iter:
-            self.average_plainly(tensors, key, average)
-            if last:
-                self.iter += 1
-            return
+            return _Started(key, tensors, average, plain=tensors,
+                            plain_handle=self.allreduce_sum_async(tensors, key, "plain"))
+        before = None
         if self.use_error_feedback:
             errors = self.errors.get(key)
             if errors is None:
@@ -118,23 +144,59 @@ class PowerSGD(GradientReducer):
             before = [t.detach().clone() for t in tensors]
         matrices = [t.view(t.shape[0], -1) for t in tensors if self._compresses(t)]
         plain = [t for t in tensors if not self._compresses(t)]
-        self._compress(matrices, key, average)
-        self.average_plainly(plain, key, average)
-        if self.use_error_feedback:
+        started = _Started(key, tensors, average, plain=plain, before=before, compressed=True)
+        if matrices:
+            started.ordered, started.ps, started.qs = self._factors(matrices, key)
+            for m, q, p in zip(started.ordered, started.qs, started.ps):
+                torch.bmm(m, q, out=p)
+            started.p_handle = self.allreduce_sum_async([self.p_memory[key]], key, "P")
+        started.plain_handle = self.allreduce_sum_async(plain, key, "plain")
+        return started
+
+    def advance(self, started: _Started) -> None:
+        if not started.compressed or started.advanced:
+            return
+        started.advanced = True
+        if not started.ordered:
+            return
+        self.wait(started.p_handle)
+        for p in started.ps:
+            orthogonalize(p, self.epsilon)
+        for m, p, q in zip(started.ordered, started.ps, started.qs):
+            torch.bmm(m.transpose(1, 2), p, out=q)
+        started.q_handle = self.allreduce_sum_async([self.q_memory[started.key]],
+                                                    started.key, "Q")
+
+    def finish(self, started: _Started, last: bool = True) -> None:
+        key, average = started.key, started.average
+        if started.compressed:
+            self.advance(started)
+            if started.ordered:
+                self.wait(started.q_handle)
+                if average:
+                    self.q_memory[key].div_(self.world)
+                for p, q, m in zip(started.ps, started.qs, started.ordered):
+                    torch.bmm(p, q.transpose(1, 2), out=m)
+        self.wait(started.plain_handle)
+        if average:
+            for t in started.plain:
+                t.div_(self.world)
+        if started.before is not None:
             # What this rank wanted to contribute minus the approximated average (a sum
             # divided back: the error does not depend on whether the caller sums).
             scale = 1 if average else self.world
             self.errors[key] = [b - (t if average else t / scale)
-                                for b, t in zip(before, tensors)]
-        if not self.warm_start:
+                                for b, t in zip(started.before, started.tensors)]
+        if started.compressed and not self.warm_start:
             self.p_memory.pop(key, None)
             self.q_memory.pop(key, None)
         if last:
             self.iter += 1
 
-    def _compress(self, matrices: list[torch.Tensor], key: str, average: bool) -> None:
-        if not matrices:
-            return
+    def _factors(self, matrices: list[torch.Tensor], key: str) -> tuple[
+            list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
+        """The matrices as (1, n, k) views, and views of their P and Q in this key's memory:
+        Q warm (re-orthogonalised) or, the first time, random from the shared generator."""
         dtype, device = matrices[0].dtype, matrices[0].device
         # Same-shaped matrices side by side, in order of first appearance (torch's order,
         # which decides who gets which random numbers).
@@ -166,18 +228,7 @@ class PowerSGD(GradientReducer):
         else:
             for q in qs:
                 orthogonalize(q, self.epsilon)
-        for m, q, p in zip(ordered, qs, ps):
-            torch.bmm(m, q, out=p)
-        self.allreduce_sum([self.p_memory[key]], key, "P")
-        for p in ps:
-            orthogonalize(p, self.epsilon)
-        for m, p, q in zip(ordered, ps, qs):
-            torch.bmm(m.transpose(1, 2), p, out=q)
-        self.allreduce_sum([self.q_memory[key]], key, "Q")
-        if average:
-            self.q_memory[key].div_(self.world)
-        for p, q, m in zip(ps, qs, ordered):
-            torch.bmm(p, q.transpose(1, 2), out=m)
+        return ordered, ps, qs
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:

@@ -24,12 +24,12 @@ zeroes the views in place).  ``shared_buckets=False`` reduces each ``p.grad`` wh
 it (packed into the fusion buffer and unpacked by the engine).
 
 Stateful compression (``compression=hvd.Compression.powersgd(...)``, ``.topk(...)``,
-``.onebit()``, :mod:`mpitrain.compressors`): those compressors need every gradient at once (one
-low-rank factor exchange for all of them) and keep error memory between steps, so the hooks
-only accumulate and ``synchronize()`` hands all gradients to the compressor, which averages
-them in place.  Communication then starts after backward instead of overlapping it; the bytes
-it saves are what matters on the slow links these are for.  Their state is per rank:
-``hvd.save_checkpoint(optimizer=...)`` saves every rank's.
+``.onebit()``, :mod:`mpitrain.compressors`): those compressors keep error memory between steps
+and work on buckets of gradients (one low-rank factor exchange per bucket), cut in backward's
+order as torch's DDP cuts them (:mod:`.compressed_buckets`).  A bucket whose gradients are
+final begins while backward goes on (PowerSGD sends its P factors then); ``synchronize()``
+completes every bucket in order, and the compressor leaves the averages in place.  Their state
+is per rank: ``hvd.save_checkpoint(optimizer=...)`` saves every rank's.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from ..compressors import GradientReducer
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of, size_of
 from . import adasum_optimizer
+from .compressed_buckets import CompressedBuckets
 from .gradient_groups import check_groups, split_groups
 from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names, positive_int
 from .mpi_ops import sparse_allreduce_async
@@ -107,9 +108,12 @@ class _DistributedOptimizer(GradientHooks):
         self._communicates = bool(process_set.included()) and size_of(process_set) > 1
         if groups is not None:
             self._make_groups(groups, all_params)
+        self._compressed: CompressedBuckets | None = None
         if self._communicates:
             self._requires_update = [p for p in all_params if p.requires_grad]
-            if shared_buckets and self._compression is Compression.none:
+            if self.compressor is not None:
+                self._compressed = CompressedBuckets(self.compressor, self._requires_update)
+            elif shared_buckets and self._compression is Compression.none:
                 self._build_buckets()
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                            for p in self._requires_update]
@@ -147,8 +151,12 @@ class _DistributedOptimizer(GradientHooks):
                 "locally.")
         self._adopt_view(p)
         self._delay[p] -= 1
-        if self._delay[p] > 0 or self.compressor is not None:
+        if self._delay[p] > 0:
             self._handles.setdefault(p, (None, None))
+            return
+        if self._compressed is not None:
+            self._handles.setdefault(p, (None, None))  # in flight: zero_grad() must wait
+            self._compressed.gradient_ready(p, self._dense_gradients)
             return
         group = self._group_of.get(p)
         if group is None:
@@ -263,21 +271,26 @@ class _DistributedOptimizer(GradientHooks):
         self._synchronized = True
 
     def _synchronize_compressed(self) -> None:
-        """Every gradient to the stateful compressor at once, in parameter order."""
-        assert self.compressor is not None
+        """The stateful compressor's buckets: those backward began, then the rest, finished
+        (see :mod:`.compressed_buckets`)."""
+        assert self._compressed is not None
         try:
-            grads = []
-            for p in self._requires_update:
-                g = self._grad_for_reduce(p)
-                if g.is_sparse:
-                    self._densified[p] = g.sparse_dim()
-                    g = p.grad = g.to_dense()
-                grads.append(g)
-            self.compressor.reduce(grads, key="optimizer")
+            self._compressed.synchronize(self._dense_gradients)
             self._resparsify()
         finally:
             self._end_round()
         self._synchronized = True
+
+    def _dense_gradients(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
+        """What a compressor reduces for ``params``: each gradient, dense (zeros if none)."""
+        grads = []
+        for p in params:
+            g = self._grad_for_reduce(p)
+            if g.is_sparse:
+                self._densified[p] = g.sparse_dim()
+                g = p.grad = g.to_dense()
+            grads.append(g)
+        return grads
 
     def _resparsify(self) -> None:
         """Sparse gradients reduced densely become sparse again (SparseAdam steps on them)."""
@@ -288,6 +301,8 @@ class _DistributedOptimizer(GradientHooks):
     def _end_round(self) -> None:
         """Forget this step's requests; the next backward passes count from the start."""
         self._handles.clear()
+        if self._compressed is not None:
+            self._compressed.reset()
         self._densified.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
