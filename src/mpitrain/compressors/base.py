@@ -34,8 +34,8 @@ class GradientReducer(ABC):
     """Averages a list of gradients across a process set, in place, compressed on the wire.
 
     ``reduce`` is collective: every rank of the process set calls it with tensors of the same
-    shapes and dtypes, in the same order, under the same ``key`` (one key per bucket of a DDP
-    model, one for a DistributedOptimizer).  State (error feedback, warm starts) is kept per
+    shapes and dtypes, in the same order, under the same ``key`` (one key per bucket, of a DDP
+    model or of a DistributedOptimizer).  State (error feedback, warm starts) is kept per
     key and rank; :meth:`state_dict` returns this rank's, for checkpoints.
     """
 
