@@ -6,7 +6,9 @@ Every rank draws every rank's gradients from fixed seeds, so each can compute th
 average of the whole world itself.
 """
 
+import contextlib
 import math
+import os
 import tempfile
 
 import numpy as np
@@ -289,13 +291,43 @@ def _two_bucket_batch(step):
     return torch.randn(8, 16, generator=gen)
 
 
+@contextlib.contextmanager
+def _fusion_threshold(hvd, nbytes):
+    """mpitrain re-initialised with another fusion threshold (read at init()), then restored."""
+    hvd.shutdown()
+    os.environ["MPITRAIN_FUSION_THRESHOLD"] = str(nbytes)
+    hvd.init()
+    try:
+        yield
+    finally:
+        hvd.shutdown()
+        del os.environ["MPITRAIN_FUSION_THRESHOLD"]
+        hvd.init()
+
+
+def test_distributed_optimizer_compresses_a_small_model_in_one_bucket(hvd):
+    """Under the fusion threshold (64 MiB by default) the gradients make one bucket per
+    element type: one exchange per step, as many collectives as without buckets."""
+    model = _TwoBuckets()
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01),
+                                   named_parameters=model.named_parameters(),
+                                   compression=hvd.Compression.powersgd(rank=2, start_iter=2))
+    assert [len(b) for b in opt._compressed.buckets] == [4]
+
+
 @pytest.mark.parametrize("kind", ["powersgd", "topk"])
 def test_distributed_optimizer_begins_buckets_during_backward_and_equals_bucket_reduces(
         hvd, kind):
-    """PowerSGD's first bucket (the head) goes on the wire while backward is still running
-    (its P factors are submitted from the hook: wire bytes grow before step()); whatever the
-    overlap, each step equals reducing the same buckets one after another with reduce(), and
-    every rank ends with the same parameters.  top-k begins nothing early, and equals it too."""
+    """With a 1 MiB fusion threshold the head's gradients fill the first bucket: PowerSGD's
+    goes on the wire while backward is still running (its P factors are submitted from the
+    hook: wire bytes grow before step()); whatever the overlap, each step equals reducing the
+    same buckets one after another with reduce(), and every rank ends with the same
+    parameters.  top-k begins nothing early, and equals it too."""
+    with _fusion_threshold(hvd, 1 << 20):
+        _check_bucketed_optimizer(hvd, kind)
+
+
+def _check_bucketed_optimizer(hvd, kind):
     def make():
         if kind == "powersgd":
             return hvd.Compression.powersgd(rank=2, start_iter=2)
@@ -332,3 +364,39 @@ def test_distributed_optimizer_begins_buckets_during_backward_and_equals_bucket_
     same_on_every_rank([p.detach() for p in model.parameters()])
     # The warm-up (start_iter=2) sends plain sums from the hook too; top-k sends at step().
     assert began_in_backward == ([True] * 5 if kind == "powersgd" else [False] * 5)
+
+
+def test_ddp_dropin_begins_compressed_buckets_during_backward(hvd):
+    """The drop-in with PowerSGD: the head's bucket (closed first, at 1 MiB) goes on the wire
+    before backward reaches the body; each step equals reducing the buckets one by one with
+    reduce() afterwards, and every rank ends with the same parameters."""
+    torch.manual_seed(0)
+    model, twin = _TwoBuckets(), _TwoBuckets()
+    twin.load_state_dict(model.state_dict())
+    compressor = hvd.Compression.powersgd(rank=2, start_iter=2)
+    reference = hvd.Compression.powersgd(rank=2, start_iter=2)
+    ddp = DDP(model)
+    ddp.register_comm_hook(None, compressor)
+    assert [[id(p) for p in b.params] for b in ddp.reducer.buckets] == [
+        [id(model.head.bias), id(model.head.weight)], [id(model.body.bias), id(model.body.weight)]]
+    on_wire_at_body = []
+    model.body.weight.register_hook(lambda g: on_wire_at_body.append(compressor.wire_bytes))
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
+    twin_opt = torch.optim.SGD(twin.parameters(), lr=0.01)
+    buckets = [[twin.head.bias, twin.head.weight], [twin.body.bias, twin.body.weight]]
+    for step in range(5):
+        x = _two_bucket_batch(step)
+        opt.zero_grad()
+        before = compressor.wire_bytes
+        ddp(x).square().mean().backward()
+        assert on_wire_at_body[-1] > before  # the head's bucket began mid-backward
+        opt.step()
+
+        twin_opt.zero_grad()
+        twin(x).square().mean().backward()
+        for i, bucket in enumerate(buckets):
+            reference.reduce([p.grad for p in bucket], key=f"bucket{i}", last=i == 1)
+        twin_opt.step()
+        for a, b in zip(model.parameters(), twin.parameters()):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    same_on_every_rank([p.detach() for p in model.parameters()])

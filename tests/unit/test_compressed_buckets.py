@@ -1,24 +1,16 @@
-"""How DistributedOptimizer cuts gradients into buckets for a stateful compressor, and in
-which order the buckets begin (no MPI: a recording stand-in for the compressor)."""
+"""In which order DistributedOptimizer's buckets begin, advance and finish with a stateful
+compressor (no MPI: a recording stand-in for the compressor; the cutting into buckets is
+mpitrain.engine.buckets.plan's, tested with it)."""
 
 import torch
 
-from mpitrain.torch.compressed_buckets import CompressedBuckets, cut_buckets
+from mpitrain.torch.compressed_buckets import CompressedBuckets
 
 MIB = 1 << 20
 
 
 def _floats(nbytes):
     return torch.zeros(nbytes // 4)
-
-
-def test_the_first_bucket_closes_at_1_mib_the_others_at_25():
-    small, mib, big = _floats(4096), _floats(MIB), _floats(20 * MIB)
-    params = [small, mib, small, big, big, small]
-    buckets = cut_buckets(params)
-    assert [[id(p) for p in b] for b in buckets] == [
-        [id(small), id(mib)], [id(small), id(big), id(big)], [id(small)]]
-    assert cut_buckets([]) == []
 
 
 class _Recorder:
@@ -37,11 +29,9 @@ class _Recorder:
 
 
 def test_buckets_begin_in_order_whatever_order_the_gradients_come_in():
-    # Registration order a..d; backward's order (the buckets') is d, c, b, a.
     a, b, c, d = (_floats(MIB) for _ in range(4))
     recorder = _Recorder()
-    buckets = CompressedBuckets(recorder, [a, b, c, d], key="opt")
-    assert [len(x) for x in buckets.buckets] == [1, 3]  # [d], then c, b, a under 25 MiB
+    buckets = CompressedBuckets(recorder, [[d], [c, b, a]], key="opt")
     grads = lambda params: params  # noqa: E731
     buckets.gradient_ready(b, grads)
     buckets.gradient_ready(c, grads)
@@ -57,8 +47,8 @@ def test_buckets_begin_in_order_whatever_order_the_gradients_come_in():
 def test_synchronize_begins_what_backward_left_and_the_next_step_starts_afresh():
     a, b = _floats(2 * MIB), _floats(2 * MIB)
     recorder = _Recorder()
-    buckets = CompressedBuckets(recorder, [a, b])
-    buckets.gradient_ready(b, lambda params: params)  # bucket 0 = [b]; a never gets one
+    buckets = CompressedBuckets(recorder, [[b], [a]])
+    buckets.gradient_ready(b, lambda params: params)  # a never gets a gradient
     buckets.synchronize(lambda params: params)
     assert [c[0] for c in recorder.calls] == ["begin", "begin", "advance", "advance",
                                               "finish", "finish"]

@@ -60,10 +60,19 @@ def gradient_buckets(params: Sequence[torch.Tensor], process_set: ProcessSet,
     """
     engine = session.engine()
     set_id = set_id_of(process_set)
-    items = [((p.dtype, p.device), p.numel() * p.element_size()) for p in params]
-    groups = engine.plan_buckets(items, cap_bytes, first_cap_bytes)
-    return build([[params[i] for i in g] for g in groups],
+    return build(group_gradients(params, cap_bytes, first_cap_bytes),
                  lambda nbytes: engine.bucket_memory(set_id, nbytes), extra_per_param)
+
+
+def group_gradients(params: Sequence[torch.Tensor], cap_bytes: int | None = None,
+                    first_cap_bytes: int | None = FIRST_BUCKET_BYTES
+                    ) -> list[list[torch.Tensor]]:
+    """The groups of ``params`` that :func:`gradient_buckets` makes (one element type and
+    device each, in readiness order, closed at the caps), without allocating buffers: for a
+    stateful compressor, which works on the gradients where they are."""
+    items = [((p.dtype, p.device), p.numel() * p.element_size()) for p in params]
+    groups = session.engine().plan_buckets(items, cap_bytes, first_cap_bytes)
+    return [[params[i] for i in g] for g in groups]
 
 
 def build(groups: Sequence[Sequence[torch.Tensor]], allocate: Allocate,

@@ -1,11 +1,19 @@
 """A stateful compressor's work for DistributedOptimizer, overlapped with backward.
 
 The gradients are cut into buckets in the order backward produces them (the reverse of the
-parameters' order), as torch's DDP cuts them: a small first bucket, so that communication starts
-early, then buckets of up to 25 MiB.  As soon as every gradient of a bucket is final, the bucket
-*begins* (PowerSGD: error added, ``P = M Q`` computed and its allreduce submitted) while the rest
-of backward runs; ``synchronize()`` begins whatever is left, *advances* every bucket (PowerSGD:
+parameters' order), one element type and device per bucket, each up to the engine's fusion
+threshold (``HOROVOD_FUSION_THRESHOLD``, 64 MiB by default), the first too, as the buckets of
+uncompressed gradients.  As soon as every gradient of a bucket is final, the bucket *begins*
+(PowerSGD: error added, ``P = M Q`` computed and its allreduce submitted) while the rest of
+backward runs; ``synchronize()`` begins whatever is left, *advances* every bucket (PowerSGD:
 ``Q`` computed and submitted), then *finishes* them (decompressed, error kept).
+
+A model smaller than the threshold makes one bucket, which begins when backward ends.  Smaller
+buckets were tried, torch DDP's (1 MiB first, then 25 MiB): on 2 namespace hosts x 2 ranks at
+1 Gbit/s (2026-11-27) they made the steps of benchmarks/compression_training.py's CNN and
+transformer 10-13% slower with PowerSGD and 1-bit (twice the collectives per step, and no idle
+core here for the overlap to use), so the cut follows the fusion threshold, which a user can
+lower where backward leaves the network idle.
 
 Buckets begin strictly in bucket order, whatever order the hooks fire in: a stage submits
 collectives and may draw from the compressor's shared random generator (PowerSGD's first Q),
@@ -20,29 +28,14 @@ from typing import Any
 
 import torch
 
+from ..collectives.buckets import group_gradients
 from ..compressors import GradientReducer
 
-# torch DDP's defaults (``bucket_cap_mb=25``, and a first bucket of 1 MiB so that the first
-# collective starts early in backward).
-FIRST_BUCKET_BYTES = 1 << 20
-BUCKET_BYTES = 25 << 20
 
-
-def cut_buckets(params: Sequence[torch.Tensor], first_bytes: int = FIRST_BUCKET_BYTES,
-                bytes_each: int = BUCKET_BYTES) -> list[list[torch.Tensor]]:
-    """``params`` in order, cut after the parameter that fills a bucket to its size."""
-    buckets: list[list[torch.Tensor]] = []
-    current: list[torch.Tensor] = []
-    filled = 0
-    for p in params:
-        current.append(p)
-        filled += p.numel() * p.element_size()
-        if filled >= (first_bytes if not buckets else bytes_each):
-            buckets.append(current)
-            current, filled = [], 0
-    if current:
-        buckets.append(current)
-    return buckets
+def buckets_for(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:
+    """``params`` (in registration order) in buckets in backward's order: the reverse order,
+    one element type and device per bucket, each up to the engine's fusion threshold."""
+    return group_gradients(list(reversed(params)), cap_bytes=None, first_cap_bytes=None)
 
 
 class CompressedBuckets:
@@ -50,15 +43,16 @@ class CompressedBuckets:
 
     Args:
         compressor: the stateful compressor (its ``begin``/``advance``/``finish``).
-        params: the parameters to reduce, in registration order.
+        buckets: the parameters to reduce, in buckets in backward's order
+            (:func:`buckets_for`).
         key: prefix of each bucket's key in the compressor's state.
     """
 
-    def __init__(self, compressor: GradientReducer, params: Sequence[torch.Tensor],
+    def __init__(self, compressor: GradientReducer, buckets: Sequence[Sequence[torch.Tensor]],
                  key: str = "optimizer") -> None:
         self.compressor = compressor
         self.key = key
-        self.buckets = cut_buckets(list(reversed(params)))
+        self.buckets = [list(b) for b in buckets]
         self._bucket_of = {p: i for i, bucket in enumerate(self.buckets) for p in bucket}
         self._ready = [0] * len(self.buckets)
         self._started: list[Any] = []  # one per begun bucket, in bucket order

@@ -49,7 +49,7 @@ from ..compressors import GradientReducer
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of, size_of
 from . import adasum_optimizer
-from .compressed_buckets import CompressedBuckets
+from .compressed_buckets import CompressedBuckets, buckets_for
 from .gradient_groups import check_groups, split_groups
 from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names, positive_int
 from .mpi_ops import sparse_allreduce_async
@@ -112,7 +112,8 @@ class _DistributedOptimizer(GradientHooks):
         if self._communicates:
             self._requires_update = [p for p in all_params if p.requires_grad]
             if self.compressor is not None:
-                self._compressed = CompressedBuckets(self.compressor, self._requires_update)
+                self._compressed = CompressedBuckets(self.compressor,
+                                                     buckets_for(self._requires_update))
             elif shared_buckets and self._compression is Compression.none:
                 self._build_buckets()
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)

@@ -24,8 +24,10 @@ A communication hook (``register_comm_hook``) replaces the averaged allreduce of
 a stateful compressor of :mod:`mpitrain.compressors` (PowerSGD, top-k, 1-bit) averages the
 bucket's gradients itself, or a torch hook (``hook(state, bucket) -> Future``, torch's own
 ``powerSGD_hook`` among them, which talk to torch's default process group) gets a
-:class:`GradBucket` with torch's methods.  Hooked buckets are reduced at the end of backward,
-in bucket order, so that every rank makes the hook's collectives in the same order.
+:class:`GradBucket` with torch's methods.  A compressor's buckets begin as they fill, strictly
+in bucket order (PowerSGD sends its P factors while backward runs), and are advanced and
+finished at the end of backward; a torch hook runs for each bucket at the end of backward, in
+bucket order.  Either way every rank makes the hook's collectives in the same order.
 """
 
 from __future__ import annotations
@@ -127,6 +129,9 @@ class Reducer:
         self._callback_queued = False
         self.submitted_in_backward = 0  # buckets sent from hooks, before backward ended
         self._comm_hook: Any = None  # a GradientReducer, or torch's (state, hook) pair
+        # A GradientReducer's buckets: complete ones, and those begun (in bucket order).
+        self._hook_ready: set[int] = set()
+        self._begun: list[Any] = []
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in params]
 
     # ------------------------------------------------------------------ forward side
@@ -206,6 +211,10 @@ class Reducer:
         return self._comm_hook
 
     def _submit(self, bucket: Bucket) -> None:
+        if isinstance(self._comm_hook, GradientReducer):
+            self._hook_ready.add(bucket.index)
+            self._begin_hooked()
+            return
         if self._comm_hook is not None:
             return  # reduced by the hook at the end of backward, in bucket order
         host = self._host[bucket.index]
@@ -226,7 +235,7 @@ class Reducer:
         """
         self._callback_queued = False
         self._locally_unused = []
-        self.submitted_in_backward = len(self._handles)
+        self.submitted_in_backward = len(self._handles) + len(self._begun)
         for b in self.buckets:
             for p in b.params:
                 if id(p) not in self._ready:
@@ -252,13 +261,24 @@ class Reducer:
                 "gradient in this iteration; pass find_unused_parameters=True if some "
                 "parameters are legitimately unused (their reduction completed on every rank)")
 
+    def _begin_hooked(self) -> None:
+        """Begin every complete bucket whose turn has come (bucket order, the same calls on
+        every rank: the compressor's stages submit collectives)."""
+        while len(self._begun) < len(self.buckets) and len(self._begun) in self._hook_ready:
+            b = self.buckets[len(self._begun)]
+            self._begun.append(self._comm_hook.begin(b.views, key=f"bucket{b.index}"))
+
     def _run_comm_hook(self) -> None:
         count = len(self.buckets)
+        if isinstance(self._comm_hook, GradientReducer):
+            # finalize() marked every bucket ready, so every one has begun by now.
+            assert len(self._begun) == count
+            for started in self._begun:
+                self._comm_hook.advance(started)
+            for i, started in enumerate(self._begun):
+                self._comm_hook.finish(started, last=i == count - 1)
+            return
         for b in self.buckets:
-            if isinstance(self._comm_hook, GradientReducer):
-                self._comm_hook.reduce(b.views, key=f"bucket{b.index}",
-                                       last=b.index == count - 1)
-                continue
             state, hook = self._comm_hook
             grad_bucket = GradBucket(b, count)
             result = hook(state, grad_bucket).wait()
@@ -282,6 +302,8 @@ class Reducer:
 
     def _reset(self) -> None:
         self._ready.clear()
+        self._hook_ready.clear()
+        self._begun = []
         self._used_since_sync.clear()
         self._remaining = [len(b.params) for b in self.buckets]
         self._armed = False
