@@ -132,6 +132,52 @@ def test_ring_with_several_segments_per_chunk(group, dtype):
     assert same_everywhere(group, recv)
 
 
+@pytest.mark.skipif(SIZE % 2, reason="pairs of ranks")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "int32"])
+def test_half_duplex_pair_gives_the_rings_bits(dtype):
+    # Two nodes of an even rank count exchange one way at a time (ring.allreduce_half_duplex):
+    # the same bits as the ring of two, whichever rank sends first, on both ranks; one
+    # segment, several (1 MiB each, the last short) and none.
+    from mpitrain.ops import ring
+    from mpitrain.ops.scratch import Scratch
+    pair = WORLD.Split(RANK // 2, RANK)
+    try:
+        for op in OPS:
+            for post in (1.0, 0.5):
+                for n in [0, 7, 1009, 600_011]:
+                    if n > 2000 and op != ReduceOp.SUM:
+                        continue
+                    mine = values(RANK, n, dtype, op)
+                    want = mine.copy()
+                    ring.allreduce(pair, want, want, dtype, op, 1.0, post, Scratch())
+                    for first in (0, 1):
+                        got = mine.copy()
+                        ring.allreduce_half_duplex(pair, got, dtype, op, post, Scratch(),
+                                                   sends_first=pair.Get_rank() == first)
+                        what = f"{dtype} {op.name} n={n} post={post} first={first}"
+                        np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8),
+                                                      what)
+                    # produce: the buffer filled piece by piece, each piece once, in order,
+                    # before it is sent or folded (as the hierarchical allreduce fills it).
+                    got, produced = np.zeros_like(mine), []
+
+                    def fill(lo, hi, got=got, mine=mine, produced=produced):
+                        assert lo == (produced[-1][1] if produced else 0), (lo, produced)
+                        got[lo:hi] = mine[lo:hi]
+                        produced.append((lo, hi))
+
+                    ring.allreduce_half_duplex(pair, got, dtype, op, post, Scratch(),
+                                               sends_first=pair.Get_rank() == 0, produce=fill)
+                    assert (produced[-1][1] if produced else 0) == n
+                    np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8),
+                                                  f"{dtype} {op.name} n={n} produced")
+    finally:
+        pair.Free()
+    with pytest.raises(ValueError, match="needs 2 ranks, not 1"):
+        ring.allreduce_half_duplex(MPI.COMM_SELF, np.ones(3, np.float32), "float32",
+                                   ReduceOp.SUM, 1.0, Scratch(), sends_first=True)
+
+
 def test_16_bit_ring_reference_differs_from_exact_accumulation():
     # A negative control for the test above: with enough ranks to round more than once, the
     # 16-bit ring is not the float32-accumulating reference (so the test can tell them apart).

@@ -8,6 +8,13 @@ On nodes with equal rank counts (the usual layout), with L ranks per node and N 
    the cross communicator, all L of them at the same time (cross traffic S/L per rank);
 3. intra-node allgather of the finished slices through shared memory.
 
+Between two nodes of an even rank count, step 2 goes one way at a time
+(:func:`mpitrain.ops.ring.allreduce_half_duplex`: one side sends its slice, the other folds it
+in and sends the result back; half the pairs start from each node), and step 1 runs inside it,
+piece by piece just before each piece is sent or folded, so the node's reduction overlaps the
+network.  Measured on 2 namespace hosts x 2 ranks at 1 Gbit/s, 32 MiB float16: 176-190 ms with
+the ring across and step 1 first, 149-160 ms like this (MPI's own float32: 289 ms).
+
 Per node, memory traffic is L·S read and S written in step 1 and (L-1)·S read and written in
 step 3, (3L-1)·S in all against the node's 2·L·S floor, as :mod:`mpitrain.ops.shm`; the
 network carries 2·(N-1)/N·S/L bytes each way per rank, the ring's optimum for S/L bytes,
@@ -76,12 +83,44 @@ def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,
     ranges = balanced(send.size, node.size)
     lo, hi = ranges[node.rank]
     addrs = node.exchange(send, recv)
-    shm.reduce_slice(node, send, [a[0] for a in addrs], lo, hi, recv[lo:hi], dtype, op,
-                     prescale, 1.0)
-    ring.allreduce(cross, recv[lo:hi], recv[lo:hi], dtype, op, 1.0, postscale, ws)
+    sources = [a[0] for a in addrs]
+
+    def reduce_here(start: int, stop: int) -> None:  # step 1 for [lo + start, lo + stop)
+        shm.reduce_slice(node, send, sources, lo + start, lo + stop, recv[lo + start:lo + stop],
+                         dtype, op, prescale, 1.0)
+
+    if _half_duplex(node, cross):  # step 1 segment by segment, inside step 2
+        ring.allreduce_half_duplex(cross, recv[lo:hi], dtype, op, postscale, ws,
+                                   sends_first=_sends_first(node, cross), produce=reduce_here)
+    else:
+        reduce_here(0, hi - lo)
+        ring.allreduce(cross, recv[lo:hi], recv[lo:hi], dtype, op, 1.0, postscale, ws)
     node.barrier()
     shm.gather_slices(node, recv, [a[1] for a in addrs], ranges, node.rank)
     node.barrier()
+
+
+def _half_duplex(node: shm.Node, cross: Any) -> bool:
+    """Step 2 one way at a time: two nodes with an even number of ranks each.
+
+    Half of each node's ranks send first (:func:`_sends_first`), so both directions of the
+    link carry the same bytes at once; with an odd count one direction would carry more.
+    """
+    return bool(cross.Get_size() == 2 and node.size % 2 == 0)
+
+
+def _sends_first(node: shm.Node, cross: Any) -> bool:
+    return bool(cross.Get_rank() == node.rank % 2)
+
+
+def _across(node: shm.Node, cross: Any, ws: Scratch, work: np.ndarray, dtype: str,
+            op: ReduceOp, postscale: float) -> None:
+    """Step 2 for this local rank's slice: allreduce it in place with the other nodes."""
+    if _half_duplex(node, cross):
+        ring.allreduce_half_duplex(cross, work, dtype, op, postscale, ws,
+                                   sends_first=_sends_first(node, cross))
+    else:
+        ring.allreduce(cross, work, work, dtype, op, 1.0, postscale, ws)
 
 
 def _pipelined(node: shm.Node, cross: Any, ws: Scratch, send: np.ndarray, recv: np.ndarray,
@@ -103,7 +142,7 @@ def _pipelined(node: shm.Node, cross: Any, ws: Scratch, send: np.ndarray, recv: 
                 if failed:
                     return
                 lo, hi = ranges[node.rank]
-                ring.allreduce(cross, recv[lo:hi], recv[lo:hi], dtype, op, 1.0, postscale, ws)
+                _across(node, cross, ws, recv[lo:hi], dtype, op, postscale)
                 crossed[c].set()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
             failed.append(exc)
