@@ -109,6 +109,7 @@ class Config:
     allreduce_calibrate: bool = True
     hierarchical_allreduce: bool = False
     hierarchical_pipeline: int = 0
+    hierarchical_half_duplex: bool = True
     adasum_hierarchical: bool = False
     allreduce_streams: int = 1
     local_size: int = 0
@@ -174,6 +175,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("hierarchical_pipeline", "MPITRAIN_HIERARCHICAL_PIPELINE", _parse_nonneg_int,
              "Overlap the hierarchical allreduce's node-local and cross-node steps over this "
              "many chunks of at least 1 MiB (0: one step after another)."),
+    Variable("hierarchical_half_duplex", "MPITRAIN_HIERARCHICAL_HALF_DUPLEX", _parse_bool,
+             "Between two nodes of an even rank count, the hierarchical allreduce's cross step "
+             "goes one way at a time (0: the ring, both ways at once)."),
     Variable("adasum_hierarchical", "MPITRAIN_ADASUM_HIERARCHICAL", _parse_bool,
              "op=Adasum averages within each node first, then Adasum across nodes (Horovod's "
              "GPU/NCCL form; scale the learning rate by local_size); default: Adasum over all "

@@ -390,3 +390,26 @@ def test_pipelined_hierarchical_equals_the_sum_on_every_rank(group, in_place, dt
             assert same_everywhere(group, recv)
     finally:
         hierarchical.MIN_CHUNK_BYTES = saved
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_hierarchical_half_duplex_and_ring_across_agree_to_the_bit(group, dtype):
+    """MPITRAIN_HIERARCHICAL_HALF_DUPLEX: between two nodes of an even rank count (2x2) the
+    cross step goes one way at a time by default; with it off, the ring.  Each element is
+    the same one combination of the two node sums either way."""
+    from mpitrain.ops import hierarchical
+
+    for n in (1009, 300_007):
+        inputs = [values(r, n, dtype, ReduceOp.SUM) for r in range(SIZE)]
+        want = reference.reduce(inputs, dtype, ReduceOp.SUM, 1.0, 0.5)
+        results = []
+        for half_duplex in (True, False):
+            recv = np.empty_like(inputs[RANK])
+            hierarchical.allreduce(group.node(), group.comms.cross,
+                                   group.topology.is_homogeneous, group.workspace("cross"),
+                                   inputs[RANK], recv, dtype, ReduceOp.SUM, 1.0, 0.5,
+                                   half_duplex=half_duplex)
+            check(recv, want, dtype, f"n={n} half_duplex={half_duplex}")
+            assert same_everywhere(group, recv)
+            results.append(recv)
+        np.testing.assert_array_equal(results[0].view(np.uint8), results[1].view(np.uint8))

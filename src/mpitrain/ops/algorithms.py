@@ -107,7 +107,7 @@ def _hierarchical_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype:
                             op: ReduceOp, prescale: float, postscale: float) -> None:
     hierarchical.allreduce(g.node(), g.comms.cross, g.topology.is_homogeneous,
                            g.workspace("cross"), send, recv, dtype, op, prescale, postscale,
-                           g.config.hierarchical_pipeline)
+                           g.config.hierarchical_pipeline, g.config.hierarchical_half_duplex)
 
 
 def _mpi_applies(group: Group, nbytes: int, requested: str) -> bool:

@@ -13,7 +13,10 @@ Between two nodes of an even rank count, step 2 goes one way at a time
 in and sends the result back; half the pairs start from each node), and step 1 runs inside it,
 piece by piece just before each piece is sent or folded, so the node's reduction overlaps the
 network.  Measured on 2 namespace hosts x 2 ranks at 1 Gbit/s, 32 MiB float16: 176-190 ms with
-the ring across and step 1 first, 149-160 ms like this (MPI's own float32: 289 ms).
+the ring across and step 1 first, 149-160 ms like this (MPI's own float32: 289 ms).  Where
+the link is not the bottleneck the ring's two ways at once can be faster (unshaped veth,
+32/128 MiB float32: ring 57-69 / 240-256 ms, one way at a time 65-71 / 250-298 ms, same run);
+``MPITRAIN_HIERARCHICAL_HALF_DUPLEX=0`` keeps the ring.
 
 Per node, memory traffic is L·S read and S written in step 1 and (L-1)·S read and written in
 step 3, (3L-1)·S in all against the node's 2·L·S floor, as :mod:`mpitrain.ops.shm`; the
@@ -60,7 +63,8 @@ MIN_CHUNK_BYTES = 1 << 20  # below this a chunk's barriers and ring latencies do
 
 def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,
               send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-              prescale: float = 1.0, postscale: float = 1.0, pipeline: int = 0) -> None:
+              prescale: float = 1.0, postscale: float = 1.0, pipeline: int = 0,
+              half_duplex: bool = True) -> None:
     """Allreduce over ``node`` (this node's ranks) and ``cross`` (same local rank elsewhere).
 
     Args:
@@ -69,10 +73,12 @@ def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,
         homogeneous: every node has the same number of ranks (same answer on every rank).
         ws: ring workspace for the cross communicator.
         pipeline: overlap the steps over this many chunks (0 or 1: one after another).
+        half_duplex: between two nodes of an even rank count, step 2 one way at a time.
     """
     chunks = min(pipeline, send.nbytes // MIN_CHUNK_BYTES)
     if homogeneous and chunks > 1:
-        _pipelined(node, cross, ws, send, recv, dtype, op, prescale, postscale, chunks)
+        _pipelined(node, cross, ws, send, recv, dtype, op, prescale, postscale, chunks,
+                   half_duplex)
         return
     if not homogeneous:
         shm.allreduce(node, send, recv, dtype, op, prescale, 1.0)
@@ -89,7 +95,7 @@ def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,
         shm.reduce_slice(node, send, sources, lo + start, lo + stop, recv[lo + start:lo + stop],
                          dtype, op, prescale, 1.0)
 
-    if _half_duplex(node, cross):  # step 1 segment by segment, inside step 2
+    if half_duplex and _half_duplex_applies(node, cross):  # step 1 piece by piece, inside 2
         ring.allreduce_half_duplex(cross, recv[lo:hi], dtype, op, postscale, ws,
                                    sends_first=_sends_first(node, cross), produce=reduce_here)
     else:
@@ -100,7 +106,7 @@ def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,
     node.barrier()
 
 
-def _half_duplex(node: shm.Node, cross: Any) -> bool:
+def _half_duplex_applies(node: shm.Node, cross: Any) -> bool:
     """Step 2 one way at a time: two nodes with an even number of ranks each.
 
     Half of each node's ranks send first (:func:`_sends_first`), so both directions of the
@@ -114,9 +120,9 @@ def _sends_first(node: shm.Node, cross: Any) -> bool:
 
 
 def _across(node: shm.Node, cross: Any, ws: Scratch, work: np.ndarray, dtype: str,
-            op: ReduceOp, postscale: float) -> None:
+            op: ReduceOp, postscale: float, half_duplex: bool) -> None:
     """Step 2 for this local rank's slice: allreduce it in place with the other nodes."""
-    if _half_duplex(node, cross):
+    if half_duplex and _half_duplex_applies(node, cross):
         ring.allreduce_half_duplex(cross, work, dtype, op, postscale, ws,
                                    sends_first=_sends_first(node, cross))
     else:
@@ -125,7 +131,7 @@ def _across(node: shm.Node, cross: Any, ws: Scratch, work: np.ndarray, dtype: st
 
 def _pipelined(node: shm.Node, cross: Any, ws: Scratch, send: np.ndarray, recv: np.ndarray,
                dtype: str, op: ReduceOp, prescale: float, postscale: float,
-               chunks: int) -> None:
+               chunks: int, half_duplex: bool) -> None:
     """The homogeneous allreduce with its three steps overlapped over ``chunks`` chunks."""
     # Every chunk split over the node's ranks, in absolute element ranges.
     owned = [[(start + lo, start + hi) for lo, hi in balanced(stop - start, node.size)]
@@ -142,7 +148,7 @@ def _pipelined(node: shm.Node, cross: Any, ws: Scratch, send: np.ndarray, recv: 
                 if failed:
                     return
                 lo, hi = ranges[node.rank]
-                _across(node, cross, ws, recv[lo:hi], dtype, op, postscale)
+                _across(node, cross, ws, recv[lo:hi], dtype, op, postscale, half_duplex)
                 crossed[c].set()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
             failed.append(exc)
