@@ -8,7 +8,9 @@ job, also when the job is restarted) before
 that batch's forward pass (so every rank has committed the batch before it); with
 ``[epoch, batch, "backward"]`` it dies when its first layer's gradient is computed, the last
 of the backward pass, while the other gradients are in flight; with ``[epoch, batch, "host"]`` it kills every process of its network namespace, Open
-MPI's daemon included (a host of tools/netns_cluster.py dying); with ``"rebuild"`` it dies in
+MPI's daemon included (a host of tools/netns_cluster.py dying); with ``[epoch, batch, "exit"]``
+it leaves with ``os._exit(3)`` (no MPI_Finalize: Open MPI's runtime does not tell the others,
+only ULFM's heartbeat detector finds it); with ``"rebuild"`` it dies in
 the first rebuild, right after the survivors' shrink (a manual probe: the survivors recover,
 but Open MPI 5.0.11's MPI_Finalize then sometimes hangs, see test_elastic.py).  Every rank logs,
 after each commit, the batch's sample indices; a dying rank its time of death; a survivor
@@ -78,10 +80,13 @@ def main() -> None:
     if os.path.exists(marker):
         die_at = None
 
-    def die() -> None:
+    def die(exit_status: int | None = None) -> None:
+        """SIGKILL, or with ``exit_status`` a hard exit (no atexit, no MPI_Finalize)."""
         log["died_at"] = time.time()  # wall clock: compared with the survivors' on this machine
         write_log()
         open(marker, "w").close()
+        if exit_status is not None:
+            os._exit(exit_status)
         os.kill(os.getpid(), signal.SIGKILL)
 
     def wait_for_host_peers_logs(netns: str) -> None:
@@ -157,6 +162,8 @@ def main() -> None:
                     die()
                 if die_at == [state.epoch, state.batch, "host"]:
                     die_with_host()
+                if die_at == [state.epoch, state.batch, "exit"]:
+                    die(exit_status=3)
                 if die_at == [state.epoch, state.batch, "backward"]:
                     # Die halfway through the backward pass: the gradients computed so far
                     # are already being reduced by the other ranks' engines.

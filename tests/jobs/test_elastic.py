@@ -234,6 +234,33 @@ def test_below_min_np_the_job_ends_naming_the_lost_rank_and_host(tmp_path):
     assert not any("params" in json.loads(p.read_text()) for p in tmp_path.glob("rank*.json"))
 
 
+@pytest.mark.skipif(not has_ulfm(), reason="needs Open MPI with ULFM (FT MPI support)")
+def test_a_rank_that_exits_without_finalize_is_found_and_the_survivors_finish(tmp_path):
+    """A rank leaves with os._exit(3) mid-training: Open MPI 5.0's runtime tells nobody (the
+    survivors waited forever), so mpitrainrun turns on ULFM's heartbeat detector with its
+    elastic flags; here with a 10 s timeout (the default is 60 s) to keep the test short."""
+    import subprocess
+
+    from support import job_env
+
+    argv = [sys.executable, "-m", "mpitrain.runner.launch", "-np", "3", "-H", "localhost:3",
+            "--min-np", "2", "--mpi-args=--mca mpi_ft_detector_timeout 10", "-x",
+            "ELASTIC_TRAIN_HANG_S=90", sys.executable, str(SCRIPT), str(tmp_path),
+            json.dumps({"1": [0, 3, "exit"]})]
+    proc = subprocess.run(argv, env=job_env(), capture_output=True, text=True, timeout=160)
+    output = f"stdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    # mpirun ends with the lost rank's status (3) although the survivors finished.
+    assert proc.returncode in (0, 3), output
+    assert "lost world rank(s) [1]" in output and "epoch 2 done on 2 ranks" in output, output
+    logs = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
+    assert "died_at" in logs[1], output
+    survivors = [logs[0], logs[2]]
+    for log in survivors:
+        assert log["sizes"] == [3, 2], (log["rank"], log["sizes"], output)
+        assert math.isfinite(log["final_loss"])
+    assert survivors[0]["params"] == survivors[1]["params"]
+
+
 def _has_tensorflow() -> bool:
     import importlib.util
     return importlib.util.find_spec("tensorflow") is not None

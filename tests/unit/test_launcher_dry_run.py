@@ -56,12 +56,15 @@ CASES_OPENMPI = [
     # More ranks than cores, asked for on purpose: allowed, and MPI is told not to spin.
     ("-np 16 -H localhost:16 python t.py",
      OMPI.format(np=16) + " --host localhost:16 --mca mpi_yield_when_idle 1 -x PATH python t.py"),
-    # Elastic: ULFM switched on, the limits passed to every rank.
+    # Elastic: ULFM switched on with its heartbeat detector (a rank's non-zero exit goes
+    # unreported otherwise), the limits passed to every rank.
     ("-np 4 --min-np 2 --reset-limit 3 python t.py",
      OMPI.format(np=4) + " -x PATH -x MPITRAIN_ELASTIC_MIN_NP=2 "
-     "-x MPITRAIN_ELASTIC_RESET_LIMIT=3 --with-ft ulfm python t.py"),
-    ("-np 4 --max-np 4 --mpi-args='--with-ft ulfm' python t.py",
-     OMPI.format(np=4) + " -x PATH --with-ft ulfm python t.py"),
+     "-x MPITRAIN_ELASTIC_RESET_LIMIT=3 --with-ft ulfm --mca mpi_ft_detector true "
+     "--mca mpi_ft_detector_timeout 60 python t.py"),
+    ("-np 4 --max-np 4 --mpi-args='--with-ft ulfm --mca mpi_ft_detector_timeout 10' python t.py",
+     OMPI.format(np=4) + " -x PATH --with-ft ulfm --mca mpi_ft_detector_timeout 10 "
+     "--mca mpi_ft_detector true python t.py"),
     ("-np 16 --mpi-args=--oversubscribe python t.py",
      OMPI.format(np=16) + " --mca mpi_yield_when_idle 1 -x PATH --oversubscribe python t.py"),
     ("-np 2 -- python -c 'print(1)'", OMPI.format(np=2) + " -x PATH python -c 'print(1)'"),

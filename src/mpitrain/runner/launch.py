@@ -77,6 +77,14 @@ class _Restart(NamedTuple):
 
 
 DEFAULT_RESTARTS = 3
+# Open MPI 5.0's runtime tells ULFM survivors when a rank is killed by a signal or exits with
+# status 0 without MPI_Finalize, but not when it exits with another status (os._exit(3), a C
+# library's exit(1)): they waited forever (2026-11-27, Open MPI 5.0.11 from PyPI).  ULFM's
+# heartbeat detector finds that rank too.  Heartbeats flow while a rank calls into MPI, which
+# mpitrain's engine thread does unless the GIL is held; a rank holding it longer than the
+# timeout is taken for dead (Open MPI's default 10 s failed a healthy rank whose C call held
+# the GIL for 15 s), so the timeout is a minute: a hang becomes a lost rank after 60 s.
+FAILURE_DETECTOR = (("mpi_ft_detector", "true"), ("mpi_ft_detector_timeout", "60"))
 
 
 def _cores() -> int:
@@ -127,6 +135,10 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
         discovery = args.host_discovery_script is not None
         if in_place and "--with-ft" not in mpi_args:
             mpi_args = ["--with-ft", "ulfm", *mpi_args]
+        if in_place:
+            for name, value in FAILURE_DETECTOR:
+                if name not in mpi_args:  # the user's own setting wins
+                    mpi_args += ["--mca", name, value]
         if not in_place or discovery:
             # No ULFM (or asked not to use it): restart the job from rank 0's last commit;
             # with discovery, also to grow it onto new hosts.
