@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -280,6 +280,48 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
     if values.get("hierarchical_allreduce") and values.get("allreduce_algorithm", "auto") == "auto":
         values["allreduce_algorithm"] = "hierarchical"
     return Config(**values)
+
+
+# Settings every rank must share: each decides which collectives run, in which pieces and over
+# which communicators (fusion, the response cache, the algorithm, its chunks and channels, the
+# node layout, autotune, the elastic limits).  Ranks that differ would wait for each other in
+# different collectives.  A remote host's ranks see only what the launcher forwards (Open MPI's
+# mpirun passes a variable to other hosts only with -x), so a setting exported in one shell
+# can reach some ranks and not others.
+MUST_AGREE: tuple[str, ...] = (
+    "fusion_threshold", "cache_capacity", "allreduce_algorithm", "allreduce_calibrate",
+    "hierarchical_pipeline", "hierarchical_half_duplex", "adasum_hierarchical",
+    "allreduce_streams", "local_size", "autotune", "elastic_min_np", "elastic_reset_limit")
+
+
+def disagreements(per_rank: Sequence[Sequence[Any]]) -> list[str]:
+    """One line per :data:`MUST_AGREE` setting whose value differs between ranks.
+
+    ``per_rank[r]`` holds rank r's values of :data:`MUST_AGREE`, in that order.  Each line
+    names the variable and every value with the ranks that hold it, e.g.
+    ``MPITRAIN_ALLREDUCE_ALGORITHM: 'ring' on ranks 0-1, 'auto' on ranks 2-3``.
+    """
+    names = {var.field: var.name for var in VARIABLES}
+    lines = []
+    for i, field in enumerate(MUST_AGREE):
+        holders: dict[Any, list[int]] = {}
+        for rank, values in enumerate(per_rank):
+            holders.setdefault(values[i], []).append(rank)
+        if len(holders) > 1:
+            lines.append(f"{names[field]}: " + ", ".join(
+                f"{value!r} on {_ranks_text(ranks)}" for value, ranks in holders.items()))
+    return lines
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``rank 3`` / ``ranks 1-3, 5``: runs collapsed, so a large job stays one line."""
+    runs, start = [], 0
+    for i in range(1, len(ranks) + 1):
+        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
+            first, last = ranks[start], ranks[i - 1]
+            runs.append(str(first) if first == last else f"{first}-{last}")
+            start = i
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(runs)
 
 
 def describe() -> list[tuple[str, str, str]]:

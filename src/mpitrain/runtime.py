@@ -117,7 +117,24 @@ def start(comm: Any = None) -> State:
                        spare=spare)
         if cfg.abort_on_error:
             _install_abort_hook()
-        return _state
+    _check_settings_agree(cfg, comms.world)
+    return _state
+
+
+def _check_settings_agree(cfg: config_module.Config, comm: Any) -> None:
+    """Raise the same ValueError on every rank if a :data:`config.MUST_AGREE` setting differs.
+
+    Collective (one small allgather).  After the runtime is up, so that the abort hook prints
+    the error once for all ranks rather than once per rank.
+    """
+    mine = [getattr(cfg, field) for field in config_module.MUST_AGREE]
+    problems = config_module.disagreements(comm.allgather(mine))
+    if problems:
+        raise ValueError(
+            "mpitrain settings differ between ranks, which would leave them waiting in "
+            "different collectives: " + "; ".join(problems) + ". Give every rank the same "
+            "value (Open MPI's mpirun forwards a variable to other hosts only with -x NAME, "
+            "mpitrainrun forwards every MPITRAIN_*, HOROVOD_* and PERSEUS_* variable).")
 
 
 def stop() -> None:

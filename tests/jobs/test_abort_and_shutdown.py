@@ -59,6 +59,25 @@ def test_ranks_failing_alike_print_the_error_once():
     assert elapsed < 60, f"took {elapsed:.1f} s to end the job"
 
 
+def test_settings_that_differ_between_ranks_fail_init_once_naming_them():
+    # MPMD launch: ranks 0-1 run the ring with 32 MiB buckets, ranks 2-3 the defaults (as when
+    # a variable exported in one shell never reached the other host).  init() fails on every
+    # rank with one message naming both variables and who holds which value, printed once.
+    code = "import mpitrain as hvd\nhvd.init()\nprint('trained alone')\n"
+    argv = ["env", "MPITRAIN_ALLREDUCE_ALGORITHM=ring", "HOROVOD_FUSION_THRESHOLD=33554432",
+            sys.executable, "-c", code, ":", "-np", "2", sys.executable, "-c", code]
+    start = time.monotonic()
+    result = run_job(2, argv, timeout=90)
+    err = result.stderr
+    assert result.returncode != 0
+    assert "trained alone" not in result.stdout
+    assert err.count("ValueError: mpitrain settings differ between ranks") == 1, err
+    assert "MPITRAIN_FUSION_THRESHOLD: 33554432 on ranks 0-1, 67108864 on ranks 2-3" in err, err
+    assert "MPITRAIN_ALLREDUCE_ALGORITHM: 'ring' on ranks 0-1, 'auto' on ranks 2-3" in err, err
+    assert "so did ranks 1-3, with the same message" in err, err
+    assert time.monotonic() - start < 60
+
+
 @pytest.mark.parametrize("failing", ["all", "one"])
 def test_data_plane_error_fails_the_request_in_flight(failing):
     # What the lent H100 showed (issue 19): a CUDA error inside the data plane killed the

@@ -115,3 +115,19 @@ def test_explicit_records_what_was_given():
         cfg = config.load({"HOROVOD_FUSION_THRESHOLD": "1024", "MPITRAIN_CYCLE_TIME": "bad"},
                           allreduce_streams=2)
     assert cfg.explicit == {"fusion_threshold", "allreduce_streams"}
+
+
+def test_disagreements_name_the_variable_and_who_holds_each_value():
+    fields = config.MUST_AGREE
+    same = [getattr(config.Config(), f) for f in fields]
+    assert config.disagreements([same, same, same]) == []
+    ring = list(same)
+    ring[fields.index("allreduce_algorithm")] = "ring"
+    ring[fields.index("allreduce_streams")] = 2
+    lines = config.disagreements([ring, ring, same, ring, ring, ring])
+    assert lines == ["MPITRAIN_ALLREDUCE_ALGORITHM: 'ring' on ranks 0-1, 3-5, 'auto' on rank 2",
+                     "MPITRAIN_ALLREDUCE_STREAMS: 2 on ranks 0-1, 3-5, 1 on rank 2"]
+
+
+def test_every_setting_that_must_agree_is_a_variable():
+    assert set(config.MUST_AGREE) <= {var.field for var in config.VARIABLES}

@@ -12,7 +12,11 @@ from mpitrain import job_env
 def clean_env(monkeypatch):
     for name in (*job_env.LAYOUT_VARIABLES, "ACCELERATE_USE_CPU"):
         monkeypatch.delenv(name, raising=False)
-    return monkeypatch
+    yield monkeypatch
+    # Forget what export() saved to restore: a later withdraw() (another test's shutdown) would
+    # otherwise bring this test's values back into the process (WORLD_SIZE=4 made a later
+    # in-process job test refuse to start).
+    job_env.withdraw()
 
 
 def test_exports_the_layout_and_cpu_hint(clean_env):
@@ -24,8 +28,7 @@ def test_exports_the_layout_and_cpu_hint(clean_env):
 def test_no_cpu_hint_with_a_gpu_or_alone(clean_env):
     job_env.export(0, 4, 0, 4, has_gpu=True)
     assert "ACCELERATE_USE_CPU" not in os.environ
-    for name in job_env.LAYOUT_VARIABLES:
-        clean_env.delenv(name)
+    job_env.withdraw()  # not monkeypatch.delenv: its undo would put the exported values back
     job_env.export(0, 1, 0, 1, has_gpu=False)
     assert "ACCELERATE_USE_CPU" not in os.environ
 
