@@ -68,6 +68,10 @@ def main() -> int:
         print("no CUDA device", file=sys.stderr)
         return 2
     torch.backends.cudnn.deterministic = True
+    # cuDNN convolves float32 in TF32 (10-bit mantissa) by default: on an H200 that alone put
+    # the CUDA run 1-3e-3 away from the CPU's after 40 steps (2026-11-27). This check compares
+    # data planes, so both runs compute in full float32.
+    torch.backends.cudnn.allow_tf32 = False
     cuda_losses, cuda_params = train("cuda", args.steps, args.batch)
     cpu_losses, cpu_params = train("cpu", args.steps, args.batch)
     worst = max(float((cuda_params[k].double() - cpu_params[k].double()).abs().max())

@@ -1,6 +1,7 @@
 """What every rank of a test job under mpirun shares (tests/mpi and tests/gpu conftests).
 
-* ranks other than 0 write their terminal output to a log the driver shows on failure;
+* ranks other than 0 write their terminal output to a log the driver shows on failure (set up
+  before pytest starts, by tests/rank_pytest.py);
 * SIGUSR1 makes a rank write every thread's Python stack to $MPITRAIN_TEST_LOGDIR/<rank>.stacks:
   the driver sends it to a hung job before killing it (tests/support.py), so a hang report says
   where each rank waited (a file, because pytest holds stderr until a test ends);
@@ -14,7 +15,6 @@ from __future__ import annotations
 import faulthandler
 import os
 import signal
-import sys
 
 import pytest
 from mpi4py import MPI
@@ -23,18 +23,15 @@ WORLD = MPI.COMM_WORLD
 _KEEP_OPEN: list = []
 
 
-def redirect_rank_output() -> None:
-    """Send ranks > 0's stdout to $MPITRAIN_TEST_LOGDIR/<rank>.log (the driver shows it), and
-    let SIGUSR1 dump every thread's stack to <rank>.stacks there (the driver's hang report)."""
+def dump_stacks_on_sigusr1() -> None:
+    """Let SIGUSR1 write every thread's stack to $MPITRAIN_TEST_LOGDIR/<rank>.stacks (the
+    driver's hang report). Ranks > 0's terminal output goes to their logs from the start
+    (tests/rank_pytest.py): a conftest is too late to redirect it."""
     logdir = os.environ.get("MPITRAIN_TEST_LOGDIR")
     if logdir:
         stacks = open(os.path.join(logdir, f"{WORLD.Get_rank()}.stacks"), "w")  # noqa: SIM115
         _KEEP_OPEN.append(stacks)  # faulthandler writes to the descriptor: it must stay open
         faulthandler.register(signal.SIGUSR1, file=stacks, all_threads=True)
-    if WORLD.Get_rank() > 0 and logdir:
-        log = open(os.path.join(os.environ["MPITRAIN_TEST_LOGDIR"],  # noqa: SIM115
-                                f"{WORLD.Get_rank()}.log"), "w")
-        os.dup2(log.fileno(), sys.stdout.fileno())
 
 
 def pytest_collection_modifyitems(config, items):

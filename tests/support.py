@@ -187,15 +187,15 @@ def run_pytest_job(np: int, pytest_args: Sequence[str], env: Mapping[str, str], 
     (rank 0's, stderr and ranks > 0's logs) when it hangs or exits non-zero.
 
     Returns rank 0's stdout.  Ranks > 0 write their logs into a directory the job is told
-    about through ``MPITRAIN_TEST_LOGDIR`` (see tests/rank_hooks.py).
+    about through ``MPITRAIN_TEST_LOGDIR`` (see tests/rank_pytest.py).
     """
     import tempfile
 
     import pytest
 
     with tempfile.TemporaryDirectory() as logdir:
-        argv = [sys.executable, "-m", "pytest", *pytest_args, "-q", "-p", "no:cacheprovider",
-                "--timeout-method=thread"]
+        argv = [sys.executable, str(ROOT / "tests" / "rank_pytest.py"), *pytest_args, "-q",
+                "-p", "no:cacheprovider", "--timeout-method=thread"]
         try:
             result = run_job(np, argv, env=dict(env, MPITRAIN_TEST_LOGDIR=logdir),
                              timeout=timeout, stack_dump=True)

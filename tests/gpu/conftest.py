@@ -11,12 +11,12 @@ import os
 
 import pytest
 from rank_hooks import (  # noqa: F401 - pytest finds the hooks here
+    dump_stacks_on_sigusr1,
     pytest_collection_modifyitems,
     pytest_runtest_makereport,
-    redirect_rank_output,
 )
 
-redirect_rank_output()
+dump_stacks_on_sigusr1()
 
 
 def _require_gpu() -> None:

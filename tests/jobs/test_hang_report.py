@@ -19,9 +19,9 @@ import sys
 import time
 sys.path.insert(0, {tests!r})
 from mpi4py import MPI
-from rank_hooks import redirect_rank_output
+from rank_hooks import dump_stacks_on_sigusr1
 
-redirect_rank_output()
+dump_stacks_on_sigusr1()
 
 
 def rank_one_waits_here_forever():
@@ -48,3 +48,24 @@ def test_a_hung_job_reports_every_ranks_stack(tmp_path):
     assert "rank 0: where it waited" in report, report
     assert "test_hangs" in report.split("rank 0: where it waited", 1)[1], report
     assert time.monotonic() - started < 60, "the kill after the stack dump took too long"
+
+
+PASSING_SUITE = '''
+import sys
+sys.path.insert(0, {tests!r})
+from mpi4py import MPI
+
+
+def test_every_rank_passes():
+    MPI.COMM_WORLD.Barrier()
+'''
+
+
+def test_ranks_after_the_first_write_to_their_logs_not_the_terminal(tmp_path):
+    """Rank 0's output is the job's terminal output; rank 1's goes to its log. (Redirected from a
+    conftest, rank 1's summary still reached the terminal under pytest 9.2, and under 9.1 rank 1
+    failed reading its capture back and the job hung.)"""
+    (tmp_path / "test_passing.py").write_text(PASSING_SUITE.format(tests=str(ROOT / "tests")))
+    out = run_pytest_job(2, [str(tmp_path / "test_passing.py"), "--rootdir", str(tmp_path)],
+                         env={}, timeout=60, label="passing suite")
+    assert out.count("1 passed") == 1, out

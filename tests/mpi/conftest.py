@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import pytest
 from rank_hooks import (  # noqa: F401 - pytest finds the hooks here
+    dump_stacks_on_sigusr1,
     pytest_collection_modifyitems,
     pytest_runtest_makereport,
-    redirect_rank_output,
 )
 
-redirect_rank_output()
+dump_stacks_on_sigusr1()
 
 
 @pytest.fixture(scope="session")

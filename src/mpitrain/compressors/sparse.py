@@ -144,9 +144,15 @@ class TopK(_ErrorFeedback):
                                    torch.cat(values)], key, "topk")
         total = torch.zeros(sum(f.numel() for f in flats), dtype=flats[0].dtype,
                             device=flats[0].device)
-        # One scatter in rank order (CPU index_add_ adds duplicates in order): the same
-        # sums, bit for bit, on every rank.
-        total.index_add_(0, gathered[0].to(torch.int64), gathered[1])
+        # One scatter per rank, in rank order: a rank's own indices are distinct, so no
+        # scatter adds twice into one entry, and every entry sums its contributions in rank
+        # order, bit for bit the same on every rank and every device. (One scatter of all
+        # ranks at once is that on CPU, but CUDA's index_add_ adds duplicates by atomics in
+        # any order: at 4 ranks on an H200 the ranks' sums differed in the last bits.)
+        per_rank = sum(ks)
+        everyone = gathered[0].to(torch.int64).view(self.world, per_rank)
+        for r, rank_values in enumerate(gathered[1].view(self.world, per_rank)):
+            total.index_add_(0, everyone[r], rank_values)
         if divisor != 1:
             total /= divisor
         sent = []
