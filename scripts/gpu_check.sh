@@ -201,8 +201,16 @@ if wants tests; then
     unset MPITRAIN_TEST_UNDER_GPU
     LIMIT=100 step gpu_suite_driver_np2 env MPITRAIN_TEST_JOB_TIMEOUT=70 "$PY" -m pytest -v \
         -p no:cacheprovider "tests/test_gpu_suites.py::test_gpu_suite[np2]"
-    step gpu_mpi_tests "$PY" -m pytest tests/test_mpi_suites.py -q -p no:cacheprovider \
-        -k "sync_batch_norm or ddp_dropin"
+    # The GPU tests of the DDP drop-in's and SyncBatchNorm's MPI suites, launched directly.
+    # Through the MPI suite driver (which runs the whole suites, gloo tests too) the drop-in's
+    # suite failed at 2 ranks and did not finish at 4 on an H200 (2026-11-27, twice; the step's
+    # limit cut the report off): the second step runs it with a job timeout short enough that
+    # the report comes back.
+    LIMIT=120 step gpu_mpi_tests env MPITRAIN_TEST_UNDER_MPI=1 "${MPIRUN[@]}" -np 2 \
+        "$PY" -m pytest -q -p no:cacheprovider -m gpu -rs --timeout=100 \
+        --timeout-method=thread tests/mpi/test_ddp_dropin.py tests/mpi/test_sync_batch_norm.py
+    LIMIT=200 step mpi_ddp_dropin_driver env MPITRAIN_TEST_JOB_TIMEOUT=60 "$PY" -m pytest -q \
+        -p no:cacheprovider -rf tests/test_mpi_suites.py -k ddp_dropin
     for np in 2 4; do
         step "cnn_np$np" "${MPIRUN[@]}" -np "$np" "$PY" scripts/gpu_cnn_check.py
     done

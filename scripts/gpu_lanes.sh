@@ -16,7 +16,7 @@ CHECK=scripts/gpu_check.sh
 BENCH_BEFORE=${BENCH_BEFORE:-330}
 LANE_A=${LANE_A:-'tests:^gpu_suite_np(1|2|4)$|streams2'}
 LANE_B=${LANE_B:-'tests:staging|2x2|driver|logdir|cnn'}
-LANE_C=${LANE_C:-'hf:.;tests:gpu_mpi_tests'}
+LANE_C=${LANE_C:-'hf:.;tests:mpi_'}
 mkdir -p gpu_check
 lane() {  # NAME SPEC: each PARTS:STEPS of SPEC in turn, results in gpu_check/NAME_<i>
     local name=$1 spec=$2 i=0 segment
