@@ -16,6 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .errors import ranks_text
+
 MiB = 1024 * 1024
 
 ALLREDUCE_ALGORITHMS = ("auto", "shm", "ring", "hierarchical", "mpi")
@@ -309,19 +311,9 @@ def disagreements(per_rank: Sequence[Sequence[Any]]) -> list[str]:
             holders.setdefault(values[i], []).append(rank)
         if len(holders) > 1:
             lines.append(f"{names[field]}: " + ", ".join(
-                f"{value!r} on {_ranks_text(ranks)}" for value, ranks in holders.items()))
+                f"{value!r} on {ranks_text(ranks)}" for value, ranks in holders.items()))
     return lines
 
-
-def _ranks_text(ranks: list[int]) -> str:
-    """``rank 3`` / ``ranks 1-3, 5``: runs collapsed, so a large job stays one line."""
-    runs, start = [], 0
-    for i in range(1, len(ranks) + 1):
-        if i == len(ranks) or ranks[i] != ranks[i - 1] + 1:
-            first, last = ranks[start], ranks[i - 1]
-            runs.append(str(first) if first == last else f"{first}-{last}")
-            start = i
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(runs)
 
 
 def describe() -> list[tuple[str, str, str]]:

@@ -20,6 +20,21 @@ _FAILURE_MARKS = ("MpitrainInternalError", "mpitrain engine failed", "MPI_ERR_PR
                   "MPI_ERR_REVOKED")
 
 
+def ranks_text(ranks: list[int]) -> str:
+    """``rank 3`` / ``ranks 1-3, 5``: runs collapsed, so an error about a 1,024-rank job stays
+    one line (``ranks`` sorted)."""
+    runs: list[str] = []
+    start = prev = ranks[0]
+    for r in [*ranks[1:], None]:
+        if r is not None and r == prev + 1:
+            prev = r
+            continue
+        runs.append(str(start) if start == prev else f"{start}-{prev}")
+        if r is not None:
+            start = prev = r
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(runs)
+
+
 def carries_collective_failure(message: str) -> bool:
     """Whether ``message`` is a framework's wrapping of a failed mpitrain collective."""
     return any(mark in message for mark in _FAILURE_MARKS)

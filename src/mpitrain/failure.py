@@ -23,6 +23,7 @@ import traceback
 from typing import Any
 
 from . import _mpi
+from .errors import ranks_text
 from .topology import Topology
 
 AGREE_SECONDS = 3.0  # how long a failing rank waits to learn whether every rank failed
@@ -73,7 +74,7 @@ def report_and_abort(exc_type: Any, exc: Any, tb: Any, previous: Any) -> None:
     same = [r for r, d in enumerate(everyone) if d == digest]
     if same[0] == topo.rank:
         _print_traceback(exc_type, exc, tb, previous)
-        others = (f"; so did {_ranks_text(same[1:])}, with the same message (not printed again)"
+        others = (f"; so did {ranks_text(same[1:])}, with the same message (not printed again)"
                   if len(same) > 1 else "")
         _say(f"mpitrain: {where} raised {name}{others}; every rank failed, aborting all ranks.")
     else:
@@ -115,19 +116,6 @@ def _wait(request: Any, seconds: float) -> bool:
         return False
     return True
 
-
-def _ranks_text(ranks: list[int]) -> str:
-    """``rank 3`` / ``ranks 1-3, 5`` (runs collapsed: a 1,024-rank job stays one line)."""
-    runs: list[str] = []
-    start = prev = ranks[0]
-    for r in [*ranks[1:], None]:
-        if r is not None and r == prev + 1:
-            prev = r
-            continue
-        runs.append(str(start) if start == prev else f"{start}-{prev}")
-        if r is not None:
-            start = prev = r
-    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(runs)
 
 
 def _print_traceback(exc_type: Any, exc: Any, tb: Any, previous: Any) -> None:
