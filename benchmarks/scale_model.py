@@ -22,9 +22,10 @@ The parameters (``--alpha-us`` network latency per message, ``--link-gbit``, ``-
 ``--mem-gbps`` copy bandwidth per rank inside a node, ``--reduce-gbps`` reduction throughput
 per rank) default to what this 2-core machine measured (numpy copy and add, below) and the
 namespace cluster's shaped links; ``--check`` compares the model with the measured medians in
-``benchmarks/results/netns-2x2-*.json`` (the same runs as the README's multi-node table).
+the ``benchmarks/netns_allreduce.py --json`` files it names (default: every
+``benchmarks/results/netns-*.json``).
 
-    .venv/bin/python benchmarks/scale_model.py --check      # prediction vs measurement
+    .venv/bin/python benchmarks/scale_model.py --check benchmarks/results/netns-*-27j.json
     .venv/bin/python benchmarks/scale_model.py              # 8 .. 1,024 ranks, 10 .. 400 Gbit/s
     .venv/bin/python benchmarks/scale_model.py --gradient-mb 1340 --mem-gbps 200 \\
         --reduce-gbps 100 --local-us 10                     # BERT-large on GPUs (NVLink-class)
@@ -126,13 +127,13 @@ def measured_node_rates() -> tuple[float, float]:
 
 
 def check(m: Machine, files: list[Path], cores: int) -> str:
-    """Model vs the medians measured on the namespace cluster (2 hosts x 2 ranks).
+    """Model vs the medians measured on the namespace cluster.
 
     All its "hosts" share this machine's ``cores``: with more ranks than cores, each rank's
     copy and reduction rates are divided by ranks per core (the network stack's own CPU time,
     on the same cores, is not modelled)."""
-    lines = ["| link | size | algorithm | measured | model | model / measured |",
-             "|---|---:|---|---:|---:|---:|"]
+    lines = ["| hosts x ranks | link | size | algorithm | measured | model | model / measured |",
+             "|---|---|---:|---|---:|---:|---:|"]
     ratios = []
     for path in files:
         data = json.loads(path.read_text())
@@ -147,7 +148,8 @@ def check(m: Machine, files: list[Path], cores: int) -> str:
                 measured = statistics.median(times)
                 predicted = model(machine, size, p, local)
                 ratios.append(predicted / measured)
-                lines.append(f"| {shaped} ({link * 8 / 1e9:.2f} Gbit/s measured) | "
+                lines.append(f"| {p // local} x {local} | "
+                             f"{shaped} ({link * 8 / 1e9:.2f} Gbit/s measured) | "
                              f"{float(key):g} MiB | {algorithm} | {1e3 * measured:.1f} ms | "
                              f"{1e3 * predicted:.1f} ms | {predicted / measured:.2f} |")
     if ratios:
@@ -187,8 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                         help="copy bandwidth per rank in a node (GB/s; default: measured here)")
     parser.add_argument("--reduce-gbps", type=float, default=None,
                         help="reduction throughput per rank (GB/s; default: measured here)")
-    parser.add_argument("--check", action="store_true",
-                        help="compare with benchmarks/results/netns-2x2-*.json")
+    parser.add_argument("--check", nargs="*", metavar="JSON", default=None,
+                        help="compare with these benchmarks/netns_allreduce.py --json files "
+                             "(none named: every benchmarks/results/netns-*.json)")
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 32, 128, 1024])
     parser.add_argument("--links-gbit", type=float, nargs="+", default=[10, 25, 100, 400])
     parser.add_argument("--ranks-per-node", type=int, default=8)
@@ -203,10 +206,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f"parameters: alpha {args.alpha_us:g} us, local alpha {args.local_us:g} us, copy "
           f"{mem / 1e9:.1f} GB/s and reduce {red / 1e9:.1f} GB/s per rank"
           f"{' (measured here)' if not (args.mem_gbps and args.reduce_gbps) else ''}\n")
-    if args.check:
-        files = sorted((ROOT / "benchmarks" / "results").glob("netns-2x2-*.json"))
-        if not files:
-            print("no benchmarks/results/netns-2x2-*.json to compare with", file=sys.stderr)
+    if args.check is not None:
+        files = ([Path(f) for f in args.check] if args.check
+                 else sorted((ROOT / "benchmarks" / "results").glob("netns-*.json")))
+        missing = [str(f) for f in files if not f.is_file()]
+        if missing or not files:
+            print(f"no such benchmark file: {', '.join(missing)}" if missing
+                  else "no benchmarks/results/netns-*.json to compare with", file=sys.stderr)
             return 2
         import os
         print(check(machine, files, os.cpu_count() or 1))

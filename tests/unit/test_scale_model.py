@@ -31,6 +31,15 @@ def test_pipelining_never_costs_more_and_one_node_is_shared_memory():
 def test_check_compares_every_stored_measurement(capsys):
     assert model.main(["--check", "--mem-gbps", "7", "--reduce-gbps", "5"]) == 0
     out = capsys.readouterr().out
-    files = list((ROOT / "benchmarks" / "results").glob("netns-2x2-*.json"))
+    files = list((ROOT / "benchmarks" / "results").glob("netns-*.json"))
     ring_rows = sum(len(json.loads(f.read_text())["results"].get("ring", {})) for f in files)
     assert files and out.count("| ring |") == ring_rows and "model / measured: median" in out
+
+
+def test_check_takes_the_files_it_is_given_and_names_a_missing_one(capsys):
+    chosen = sorted((ROOT / "benchmarks" / "results").glob("netns-3x2-*.json"))[:1]
+    assert model.main(["--check", str(chosen[0]), "--mem-gbps", "7", "--reduce-gbps", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "| 3 x 2 |" in out and "| 2 x 2 |" not in out
+    assert model.main(["--check", "no-such.json", "--mem-gbps", "7", "--reduce-gbps", "5"]) == 2
+    assert "no-such.json" in capsys.readouterr().err
