@@ -21,8 +21,14 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from . import _mpi  # noqa: F401 - first: importing it sets what MPI reads when it starts
+from . import (
+    _mpi,  # noqa: F401 - first: importing it sets what MPI reads when it starts
+    failure,
+)
 from .version import __version__ as __version__
+
+# A rank failing before init() while the script runs MPI must not leave the others waiting.
+failure.install_before_init_hook()
 
 if TYPE_CHECKING:
     from ._face import *  # noqa: F403 - the names type checkers see; loaded lazily below

@@ -199,7 +199,8 @@ VARIABLES: tuple[Variable, ...] = (
              "Give each rank cores // ranks-on-this-machine torch threads unless OMP_NUM_THREADS "
              "is set."),
     Variable("abort_on_error", "MPITRAIN_ABORT_ON_ERROR", _parse_bool,
-             "An uncaught exception on any rank aborts the whole job, naming the rank."),
+             "An uncaught exception on any rank aborts the whole job, naming the rank "
+             "(before init() too, once the script has started MPI)."),
     Variable("log_level", "MPITRAIN_LOG_LEVEL", _parse_log_level,
              "TRACE|DEBUG|INFO|WARNING|ERROR|FATAL.", ("HOROVOD_LOG_LEVEL",)),
     Variable("allow_singleton", "MPITRAIN_ALLOW_SINGLETON", _parse_bool,

@@ -37,8 +37,67 @@ _pending: list[Any] = []  # buffers of a request given up on: MPI may still writ
 
 def arm(comm: Any, topology: Topology) -> None:
     """Duplicate ``comm`` for the agreement; collective, called by every rank at ``init()``."""
-    global _comm, _topology
-    _comm, _topology = comm.Dup(), topology
+    global _comm, _topology, _initialised_once
+    _comm, _topology, _initialised_once = comm.Dup(), topology, True
+
+
+# ------------------------------------------------------------------ before init()
+_initialised_once = False  # after init(), runtime's own hook decides (and after shutdown, no one)
+_before_init_installed = False
+
+
+def install_before_init_hook() -> None:
+    """At ``import mpitrain``: an uncaught exception before ``init()`` ends a running MPI job.
+
+    When the user's script has started MPI itself (``from mpi4py import MPI`` starts it at
+    import) and one rank fails before ``init()`` (a missing file on one host, say), the other
+    ranks wait in ``init()``'s first collective, and the failing rank's own exit waits in
+    ``MPI_Finalize`` for them: every rank hangs (seen 2026-11-27 with 2 ranks; mpirun's
+    "process exited with non-zero status" never comes, since none exits). Where MPI is not
+    running yet the exit is plain and mpirun ends the job itself, so nothing is done then; nor
+    once ``init()`` has run (its own hook takes over), nor for Ctrl-C (every rank gets it), nor
+    with ``MPITRAIN_ABORT_ON_ERROR=0``.
+    """
+    global _before_init_installed
+    if _before_init_installed:
+        return
+    _before_init_installed = True
+    previous = sys.excepthook
+
+    def abort_before_init(exc_type: Any, exc: Any, tb: Any) -> None:
+        world = None if _initialised_once else _running_world()
+        if world is None or issubclass(exc_type, KeyboardInterrupt) or not _abort_wanted():
+            _call_quietly(previous, exc_type, exc, tb)
+            return
+        _print_traceback(exc_type, exc, tb, previous)
+        _say(f"mpitrain: rank {world.Get_rank()} of {world.Get_size()} raised "
+             f"{exc_type.__name__} before mpitrain.init() while MPI was running; aborting all "
+             "ranks (the others would wait for this one forever).")
+        _abort()
+
+    sys.excepthook = abort_before_init
+
+
+def _running_world() -> Any:
+    """MPI's COMM_WORLD if mpi4py has started MPI and it has more than one rank, else None."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    if MPI is None:
+        return None
+    try:
+        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+            return MPI.COMM_WORLD
+    except Exception:  # noqa: BLE001 - a broken MPI: let the plain exit happen
+        return None
+    return None
+
+
+def _abort_wanted() -> bool:
+    from . import config
+
+    try:
+        return bool(config.load().abort_on_error)
+    except Exception:  # noqa: BLE001 - a bad setting elsewhere must not keep a rank hanging
+        return True
 
 
 def disarm() -> None:

@@ -28,6 +28,38 @@ def test_uncaught_exception_on_one_rank_aborts_the_job(np_):
     assert elapsed < 30, f"took {elapsed:.1f} s to end the job"
 
 
+def test_uncaught_exception_before_init_with_mpi_running_aborts_the_job():
+    """The script starts MPI itself (mpi4py), one rank fails before init(): without the
+    import-time hook rank 0 waited in init() and rank 1 in MPI_Finalize, for ever."""
+    code = (
+        "from mpi4py import MPI\n"
+        "import mpitrain as hvd\n"
+        "if MPI.COMM_WORLD.Get_rank() == 1:\n"
+        "    raise FileNotFoundError('train.csv missing on this node')\n"
+        "hvd.init()\n"
+    )
+    start = time.monotonic()
+    result = run_python(2, code, timeout=60)
+    elapsed = time.monotonic() - start
+    assert result.returncode != 0
+    assert "rank 1 of 2 raised FileNotFoundError before mpitrain.init()" in result.stderr
+    assert "train.csv missing on this node" in result.stderr
+    assert elapsed < 30, f"took {elapsed:.1f} s to end the job"
+
+
+def test_uncaught_exception_before_init_is_left_alone_where_abort_is_off_or_one_rank():
+    code = (
+        "from mpi4py import MPI\n"
+        "import mpitrain as hvd\n"
+        "raise ValueError('plain exit')\n"
+    )
+    alone = run_python(1, code, timeout=60)
+    assert alone.returncode != 0 and "plain exit" in alone.stderr
+    assert "aborting all ranks" not in alone.stderr and "MPI_ABORT" not in alone.stderr
+    both = run_python(2, code, env={"MPITRAIN_ABORT_ON_ERROR": "0"}, timeout=60)
+    assert both.returncode != 0 and "aborting all ranks" not in both.stderr
+
+
 def test_ranks_failing_alike_print_the_error_once():
     # A mismatch is raised on every rank; ranks 0-2 let it go uncaught, rank 3 raises its own
     # error instead.  Each distinct message is printed once, by the lowest rank that raised it,
