@@ -22,7 +22,7 @@ import time
 import traceback
 from typing import Any
 
-from . import _mpi
+from . import _mpi, config
 from .errors import ranks_text
 from .topology import Topology
 
@@ -92,8 +92,6 @@ def _running_world() -> Any:
 
 
 def _abort_wanted() -> bool:
-    from . import config
-
     try:
         return bool(config.load().abort_on_error)
     except Exception:  # noqa: BLE001 - a bad setting elsewhere must not keep a rank hanging
