@@ -316,7 +316,6 @@ def disagreements(per_rank: Sequence[Sequence[Any]]) -> list[str]:
     return lines
 
 
-
 def describe() -> list[tuple[str, str, str]]:
     """Return (name, default, help) rows for every variable, aliases included in the help."""
     rows = []

@@ -174,7 +174,6 @@ def _wait(request: Any, seconds: float) -> bool:
     return True
 
 
-
 def _print_traceback(exc_type: Any, exc: Any, tb: Any, previous: Any) -> None:
     """The previous hook's report; the default one without a cause that repeats ``exc``.
 
