@@ -75,7 +75,15 @@ def install_before_init_hook() -> None:
              "ranks (the others would wait for this one forever).")
         _abort()
 
+    abort_before_init.below_mpitrain = previous  # type: ignore[attr-defined]
     sys.excepthook = abort_before_init
+
+
+def hook_below_ours(hook: Any) -> Any:
+    """``hook``, or what it wraps if it is the before-init hook (which has nothing to do after
+    ``init()``): init()'s own hook must see the user's hook (or ``sys.__excepthook__``) as its
+    previous one, so that a rank whose report another rank prints stays quiet."""
+    return getattr(hook, "below_mpitrain", hook)
 
 
 def _running_world() -> Any:

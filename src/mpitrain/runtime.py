@@ -287,7 +287,7 @@ def _install_abort_hook() -> None:
     if _hook_installed:
         return
     _hook_installed = True
-    previous = sys.excepthook
+    previous = failure.hook_below_ours(sys.excepthook)
 
     def abort_on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
         current = _state
