@@ -50,7 +50,7 @@ MODELS = ("mlp", "cnn", "transformer")
 
 
 # ------------------------------------------------------------------------------ the job
-def _models() -> dict[str, Any]:
+def _models(transformer_width: int = 128) -> dict[str, Any]:
     import torch
     from torch import nn
 
@@ -78,7 +78,7 @@ def _models() -> dict[str, Any]:
                                      nn.Conv2d(64, 128, 3, padding=1), nn.ReLU(),
                                      nn.Flatten(), nn.Linear(128 * 8 * 8, 128), nn.ReLU(),
                                      nn.Linear(128, 10)),
-        "transformer": RowTransformer,
+        "transformer": lambda: RowTransformer(width=transformer_width),
     }
 
 
@@ -103,7 +103,7 @@ def _train(hvd: Any, model_name: str, compressor_name: str, args: argparse.Names
 
     x_train, y_train, x_test, y_test = data
     torch.manual_seed(seed)
-    model = _models()[model_name]()
+    model = _models(args.transformer_width)[model_name]()
     numel = sum(p.numel() for p in model.parameters())
     compression = _compressor(hvd, compressor_name, args.powersgd_start)
     base = (torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
@@ -247,6 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="SGD's for the MLP and the CNN; Adam gets a hundredth of it")
     parser.add_argument("--powersgd-start", type=int, default=10,
                         help="PowerSGD's uncompressed warm-up steps (start_iter)")
+    parser.add_argument("--transformer-width", type=int, default=128,
+                        help="the transformer's model width (4 heads, feed-forward 4x)")
     parser.add_argument("--target-mlp", type=float, default=0.97)
     parser.add_argument("--target-cnn", type=float, default=0.97)
     parser.add_argument("--target-transformer", type=float, default=0.95)
@@ -274,7 +276,8 @@ def main(argv: list[str] | None = None) -> int:
                "--epochs", str(args.epochs), "--batch-size", str(args.batch_size),
                "--lr", str(args.lr), "--powersgd-start", str(args.powersgd_start),
                "--target-mlp", str(args.target_mlp), "--target-cnn", str(args.target_cnn),
-               "--target-transformer", str(args.target_transformer), "--seed", str(args.seed),
+               "--target-transformer", str(args.target_transformer),
+               "--transformer-width", str(args.transformer_width), "--seed", str(args.seed),
                "--seeds", str(args.seeds)]
     sys.path.insert(0, str(ROOT / "tools"))
     from netns_cluster import Cluster, launch_env, missing_requirements

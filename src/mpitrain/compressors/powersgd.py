@@ -108,6 +108,7 @@ class PowerSGD(GradientReducer):
         self.errors: dict[str, list[torch.Tensor]] = {}
         self.p_memory: dict[str, torch.Tensor] = {}
         self.q_memory: dict[str, torch.Tensor] = {}
+        self._before: dict[str, list[torch.Tensor]] = {}  # scratch of begin() for finish()
 
     def __repr__(self) -> str:
         return (f"Compression.powersgd(rank={self.rank}, start_iter={self.start_iter}, "
@@ -135,13 +136,20 @@ class PowerSGD(GradientReducer):
                             plain_handle=self.allreduce_sum_async(tensors, key, "plain"))
         before = None
         if self.use_error_feedback:
+            # M (with last step's error added) is kept in buffers reused from step to step
+            # (allocating two tensors per gradient and step cost more than the arithmetic);
+            # the errors change only in finish(), so an abandoned step leaves them intact.
             errors = self.errors.get(key)
             if errors is None:
                 self.errors[key] = [torch.zeros_like(t) for t in tensors]
             else:
                 for t, e in zip(tensors, errors):
                     t.add_(e)
-            before = [t.detach().clone() for t in tensors]
+            before = self._before.get(key)
+            if before is None:
+                before = self._before[key] = [torch.empty_like(t) for t in tensors]
+            for t, b in zip(tensors, before):
+                b.copy_(t)
         matrices = [t.view(t.shape[0], -1) for t in tensors if self._compresses(t)]
         plain = [t for t in tensors if not self._compresses(t)]
         started = _Started(key, tensors, average, plain=plain, before=before, compressed=True)
@@ -184,9 +192,8 @@ class PowerSGD(GradientReducer):
         if started.before is not None:
             # What this rank wanted to contribute minus the approximated average (a sum
             # divided back: the error does not depend on whether the caller sums).
-            scale = 1 if average else self.world
-            self.errors[key] = [b - (t if average else t / scale)
-                                for b, t in zip(started.before, started.tensors)]
+            for b, t, e in zip(started.before, started.tensors, self.errors[key]):
+                torch.sub(b, t if average else t / self.world, out=e)
         if started.compressed and not self.warm_start:
             self.p_memory.pop(key, None)
             self.q_memory.pop(key, None)
