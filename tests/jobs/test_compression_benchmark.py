@@ -14,7 +14,7 @@ def test_the_compression_benchmark_trains_and_prints_its_table():
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "compression_training.py"), "--local",
          "-np", "2", "--models", "mlp", "--compressors", "none", "powersgd4", "--epochs", "2",
-         "--seeds", "2", "--target-mlp", "0.5"],
+         "--batch-size", "32", "--seeds", "2", "--target-mlp", "0.5"],
         capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "medians over 2 seeds" in result.stdout

@@ -39,3 +39,19 @@ def test_runs_from_before_seeds_existed_still_print():
     text = compression_training.report({"size": 4, "load": [1.0], "rows": [old]}, "l",
                                        {"cnn": 0.97})
     assert "| 4.0 s | 1/1 |" in table_line(text, "none")
+
+
+def test_goal_lines_judge_time_accuracy_and_fp16():
+    data = {"size": 4, "load": [1.0], "rows": [
+        row("none", 0, 10.0, 0.980), row("fp16", 0, 8.0, 0.978),
+        row("powersgd4", 0, 4.0, 0.976),    # 0.40x, -0.4 points, faster than fp16: met
+        row("powersgd16", 0, 6.0, 0.980),   # 0.60x: not met
+        row("powersgd1", 0, 3.0, 0.970)]}   # -1.0 points: not met
+    goals = {line.split(":")[0]: line for line in
+             compression_training.report(data, "l", {"cnn": 0.97}).splitlines()
+             if line.startswith("- powersgd")}
+    assert goals["- powersgd4"].endswith("**goal met**"), goals
+    assert "0.40x none's time" in goals["- powersgd4"]
+    assert "0.50x fp16's time" in goals["- powersgd4"]
+    assert goals["- powersgd16"].endswith("goal not met")
+    assert "-1.00 points" in goals["- powersgd1"] and goals["- powersgd1"].endswith("not met")
