@@ -20,7 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import mpitrain as hvd_module
-from mpitrain.compressors import sparse
+from mpitrain.compressors import powersgd, sparse
 from mpitrain.torch.nn.parallel import DistributedDataParallel as DDP
 
 WORLD = MPI.COMM_WORLD
@@ -92,6 +92,37 @@ def test_powersgd_step_matches_the_reference_and_feeds_back_its_error(hvd):
             want = powersgd_reference(m0, q0, 2)
             np.testing.assert_allclose(mine[0].numpy(), want, rtol=1e-4, atol=1e-5)
         assert q_before.numel() == 0 or step > 2
+
+
+def test_powersgd_on_a_bucket_views_equals_separate_tensors_and_resumes(hvd):
+    """Gradients that are views of one flat bucket (DistributedOptimizer's, the drop-in's) get
+    error feedback in one operation per bucket: the same bits as tensor by tensor, the state
+    still one error per gradient, and a restored state continues on the flat path alike."""
+    def bucket_of(tensors):
+        flat = torch.cat([t.reshape(-1) for t in tensors])
+        return [v.view_as(t) for v, t in zip(flat.split([t.numel() for t in tensors]), tensors)]
+
+    on_views = hvd.Compression.powersgd(rank=2, start_iter=2)
+    separate = hvd.Compression.powersgd(rank=2, start_iter=2)
+    for step in range(5):
+        views, tensors = bucket_of(grads_of(RANK, step)), grads_of(RANK, step)
+        assert powersgd.flat_span(views) is not None and powersgd.flat_span(tensors) is None
+        on_views.reduce(views)
+        separate.reduce(tensors)
+        for v, t in zip(views, tensors):
+            assert torch.equal(v, t), step
+    state = on_views.state_dict()
+    assert [e.shape for e in state["errors"]["grads"]] == [torch.Size(s) for s in SHAPES]
+    for e, want in zip(state["errors"]["grads"], separate.errors["grads"]):
+        assert torch.equal(e, want)
+    resumed = hvd.Compression.powersgd(rank=2, start_iter=2)
+    resumed.load_state_dict(state)
+    for step in range(5, 7):
+        views, tensors = bucket_of(grads_of(RANK, step)), grads_of(RANK, step)
+        resumed.reduce(views)
+        separate.reduce(tensors)
+        for v, t in zip(views, tensors):
+            assert torch.equal(v, t), step
 
 
 def test_topk_sends_the_largest_entries_and_keeps_the_rest(hvd):

@@ -51,6 +51,29 @@ def orthogonalize(matrices: torch.Tensor, epsilon: float = 0.0) -> None:
             matrices.shape[0], rank, rank, device=matrices.device, dtype=matrices.dtype)))
 
 
+def flat_span(tensors: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One 1-D view covering ``tensors`` when they lie back to back, in order, in one storage,
+    of one dtype (a bucket's gradient views); else None.
+
+    Error feedback's element-wise work (add the error, keep M, subtract the approximation) then
+    takes one operation per bucket instead of one per gradient, as torch's hook does on its
+    flat bucket: the same numbers, and on a model of hundreds of tensors hundreds of small
+    operations (kernel launches on a GPU) fewer per step.
+    """
+    present = [t for t in tensors if t.numel() > 0]
+    if not present:
+        return None
+    first = present[0]
+    storage = first.untyped_storage().data_ptr()
+    at = first.data_ptr()
+    for t in present:
+        if (t.dtype != first.dtype or t.device != first.device or not t.is_contiguous()
+                or t.untyped_storage().data_ptr() != storage or t.data_ptr() != at):
+            return None
+        at += t.numel() * t.element_size()
+    return first.as_strided((sum(t.numel() for t in present),), (1,), first.storage_offset())
+
+
 @dataclass
 class _Started:
     """One bucket between :meth:`PowerSGD.begin` and :meth:`PowerSGD.finish`."""
@@ -60,7 +83,11 @@ class _Started:
     average: bool
     plain: list[torch.Tensor]  # sent as they are (all of them during the warm-up)
     plain_handle: Any = None
-    before: list[torch.Tensor] | None = None  # M, for the error after decompression
+    # Error feedback: the gradients as spans ([one flat view] or the tensors themselves), M
+    # kept span by span for the error after decompression, and the spans of the error memory.
+    spans: list[torch.Tensor] = field(default_factory=list)
+    before: list[torch.Tensor] | None = None
+    errors: list[torch.Tensor] = field(default_factory=list)
     compressed: bool = False  # False: a warm-up step
     ordered: list[torch.Tensor] = field(default_factory=list)  # (1, n, k) views of the Ms
     ps: list[torch.Tensor] = field(default_factory=list)
@@ -109,6 +136,7 @@ class PowerSGD(GradientReducer):
         self.p_memory: dict[str, torch.Tensor] = {}
         self.q_memory: dict[str, torch.Tensor] = {}
         self._before: dict[str, list[torch.Tensor]] = {}  # scratch of begin() for finish()
+        self._error_flat: dict[str, torch.Tensor] = {}  # errors[key]'s views are into this
 
     def __repr__(self) -> str:
         return (f"Compression.powersgd(rank={self.rank}, start_iter={self.start_iter}, "
@@ -134,25 +162,25 @@ class PowerSGD(GradientReducer):
         if self.iter < self.start_iter:
             return _Started(key, tensors, average, plain=tensors,
                             plain_handle=self.allreduce_sum_async(tensors, key, "plain"))
-        before = None
+        matrices = [t.view(t.shape[0], -1) for t in tensors if self._compresses(t)]
+        plain = [t for t in tensors if not self._compresses(t)]
+        started = _Started(key, tensors, average, plain=plain, compressed=True)
         if self.use_error_feedback:
             # M (with last step's error added) is kept in buffers reused from step to step
             # (allocating two tensors per gradient and step cost more than the arithmetic);
             # the errors change only in finish(), so an abandoned step leaves them intact.
-            errors = self.errors.get(key)
-            if errors is None:
-                self.errors[key] = [torch.zeros_like(t) for t in tensors]
-            else:
-                for t, e in zip(tensors, errors):
-                    t.add_(e)
+            flat = flat_span(tensors)
+            started.spans = [flat] if flat is not None else tensors
+            started.errors, held = self._error_spans(key, tensors, flat)
+            if held:
+                for span, e in zip(started.spans, started.errors):
+                    span.add_(e)
             before = self._before.get(key)
-            if before is None:
-                before = self._before[key] = [torch.empty_like(t) for t in tensors]
-            for t, b in zip(tensors, before):
-                b.copy_(t)
-        matrices = [t.view(t.shape[0], -1) for t in tensors if self._compresses(t)]
-        plain = [t for t in tensors if not self._compresses(t)]
-        started = _Started(key, tensors, average, plain=plain, before=before, compressed=True)
+            if before is None or [b.shape for b in before] != [t.shape for t in started.spans]:
+                before = self._before[key] = [torch.empty_like(t) for t in started.spans]
+            for span, b in zip(started.spans, before):
+                b.copy_(span)
+            started.before = before
         if matrices:
             started.ordered, started.ps, started.qs = self._factors(matrices, key)
             for m, q, p in zip(started.ordered, started.qs, started.ps):
@@ -192,13 +220,36 @@ class PowerSGD(GradientReducer):
         if started.before is not None:
             # What this rank wanted to contribute minus the approximated average (a sum
             # divided back: the error does not depend on whether the caller sums).
-            for b, t, e in zip(started.before, started.tensors, self.errors[key]):
-                torch.sub(b, t if average else t / self.world, out=e)
+            for b, span, e in zip(started.before, started.spans, started.errors):
+                torch.sub(b, span if average else span / self.world, out=e)
         if started.compressed and not self.warm_start:
             self.p_memory.pop(key, None)
             self.q_memory.pop(key, None)
         if last:
             self.iter += 1
+
+    def _error_spans(self, key: str, tensors: list[torch.Tensor],
+                     flat: torch.Tensor | None) -> tuple[list[torch.Tensor], bool]:
+        """``key``'s error memory, span by span as the gradients ([one buffer] when ``flat``,
+        else one per tensor), and whether it holds an earlier step's errors (False the first
+        time: nothing to add).  ``errors[key]`` stays one tensor per gradient (checkpoints);
+        with ``flat`` those are views of one buffer."""
+        errors = self.errors.get(key)
+        if flat is None:
+            if errors is None:
+                errors = self.errors[key] = [torch.zeros_like(t) for t in tensors]
+                return errors, False
+            return errors, True
+        buffer = self._error_flat.get(key)
+        if errors is not None and buffer is not None:
+            return [buffer], True
+        # The first time, or errors restored from a checkpoint: one buffer from now on.
+        buffer = (torch.zeros_like(flat) if errors is None
+                  else torch.cat([e.reshape(-1) for e in errors]))
+        self._error_flat[key] = buffer
+        self.errors[key] = [view.view_as(t) for view, t in
+                            zip(buffer.split([t.numel() for t in tensors]), tensors)]
+        return [buffer], errors is not None
 
     def _factors(self, matrices: list[torch.Tensor], key: str) -> tuple[
             list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
@@ -251,6 +302,7 @@ class PowerSGD(GradientReducer):
         self.iter = int(state["iter"])
         self.rng.set_state(state["rng"])
         self.errors = {k: [e.clone() for e in v] for k, v in state["errors"].items()}
+        self._error_flat = {}  # rebuilt from these on the next step
         self.p_memory = {k: v.clone() for k, v in state["p_memory"].items()}
         self.q_memory = {k: v.clone() for k, v in state["q_memory"].items()}
         self.wire_bytes = int(state.get("wire_bytes", 0))
