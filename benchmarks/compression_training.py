@@ -277,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
                         default=list(CONTENDERS))
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--batch-size", type=int, default=8,
-                        help="per rank (8: a global batch of 32 on 4 ranks; small enough that the exchange, not the compute, sets the pace)")
+                        help="per rank (8: a global batch of 32 on 4 ranks; small enough "
+                             "that the exchange, not the compute, sets the pace)")
     parser.add_argument("--lr", type=float, default=0.05,
                         help="SGD's for the MLP and the CNN; Adam gets a hundredth of it")
     parser.add_argument("--powersgd-start", type=int, default=10,
