@@ -108,12 +108,13 @@ class Compression:
     @staticmethod
     def powersgd(rank: int = 1, start_iter: int = 1000, min_compression_rate: float = 2,
                  use_error_feedback: bool = True, warm_start: bool = True,
-                 orthogonalization_epsilon: float = 0.0, seed: int = 0) -> PowerSGD:
+                 orthogonalization_epsilon: float = 0.0, seed: int = 0,
+                 batch_same_shape: bool = False) -> PowerSGD:
         """Low-rank compression, torch's ``powerSGD_hook`` step for step (see
         :class:`mpitrain.compressors.PowerSGD`)."""
         from .compressors import PowerSGD  # deferred: it uses collectives, which import this
         return PowerSGD(rank, start_iter, min_compression_rate, use_error_feedback,
-                        warm_start, orthogonalization_epsilon, seed)
+                        warm_start, orthogonalization_epsilon, seed, batch_same_shape)
 
     @staticmethod
     def topk(ratio: float = 0.01) -> TopK:

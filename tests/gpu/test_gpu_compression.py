@@ -8,10 +8,13 @@ from mpi4py import MPI
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
-SHAPES = [(64, 48), (7,), (5, 3, 2, 2), (3, 3), (300,)]  # matrices, vectors, a conv kernel
+# Matrices (two of one shape, for batch_same_shape), vectors, a conv kernel.
+SHAPES = [(64, 48), (7,), (5, 3, 2, 2), (3, 3), (300,), (64, 48)]
 
 MAKERS = {
     "powersgd": lambda h: h.Compression.powersgd(rank=2, start_iter=2),
+    "powersgd-batched": lambda h: h.Compression.powersgd(rank=3, start_iter=2,
+                                                         batch_same_shape=True),
     "topk": lambda h: h.Compression.topk(ratio=0.2),
     "onebit": lambda h: h.Compression.onebit(),
 }

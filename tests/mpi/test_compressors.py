@@ -254,6 +254,41 @@ def test_ddp_dropin_with_powersgd_equals_torch_ddp_with_its_hook(gloo, rank):
     train_lockstep(a, b, RANK, steps=5)
 
 
+class Repeated(torch.nn.Module):
+    """Three same-shaped hidden layers between two others: what ``batch_same_shape`` stacks."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        torch.manual_seed(seed)
+        self.inp = torch.nn.Linear(32, 16)
+        self.hidden = torch.nn.ModuleList(torch.nn.Linear(16, 16) for _ in range(3))
+        self.out = torch.nn.Linear(16, 3)
+
+    def forward(self, x, skip=False):
+        h = torch.relu(self.inp(x.flatten(1)))
+        for layer in self.hidden:
+            h = torch.relu(layer(h))
+        return self.out(h)
+
+
+@pytest.mark.parametrize("rank", [1, 3])  # 3: the batched QR, not Gram-Schmidt
+def test_ddp_dropin_with_batched_powersgd_equals_torch_ddp_with_its_batched_hook(gloo, rank):
+    compressor = hvd_module.Compression.powersgd(rank=rank, start_iter=2,
+                                                 batch_same_shape=True)
+    a = DDP(Repeated(seed=RANK))
+    a.register_comm_hook(None, compressor)
+    b = TorchDDP(Repeated(seed=RANK), process_group=gloo)
+    b.register_comm_hook(torch_powersgd.PowerSGDState(process_group=gloo,
+                                                      matrix_approximation_rank=rank,
+                                                      start_powerSGD_iter=2,
+                                                      batch_tensors_with_same_shape=True),
+                         torch_powersgd.powerSGD_hook)
+    train_lockstep(a, b, RANK, steps=5)
+    # The three hidden weights went as one stack (not one matrix at a time).
+    assert [tuple(t.shape) for stack in compressor._stacks.values() for t in stack] == \
+        [(3, 16, 16)]
+
+
 def test_ddp_dropin_runs_torch_hooks(gloo):
     """torch's own powerSGD_hook, given the drop-in's buckets, trains as torch's DDP does."""
     a = DDP(make_model(seed=RANK))

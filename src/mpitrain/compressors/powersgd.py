@@ -17,6 +17,12 @@ the DDP drop-in with this compressor trains exactly as torch's DDP with that hoo
    step did not send is lost, only delayed.
 
 The wire carries ``(n + m) * r`` numbers per compressed matrix instead of ``n * m``.
+
+With ``batch_same_shape`` (torch's ``batch_tensors_with_same_shape``) the matrices of one
+shape are stacked into one (batch, n, m) tensor, so each of the step's products and
+orthogonalisations is one operation per shape instead of one per matrix (a transformer's
+layers repeat a few shapes many times); it costs a stacked copy of those gradients per step,
+which is why torch, and this class, leave it off by default.
 """
 
 from __future__ import annotations
@@ -89,7 +95,10 @@ class _Started:
     before: list[torch.Tensor] | None = None
     errors: list[torch.Tensor] = field(default_factory=list)
     compressed: bool = False  # False: a warm-up step
-    ordered: list[torch.Tensor] = field(default_factory=list)  # (1, n, k) views of the Ms
+    ordered: list[torch.Tensor] = field(default_factory=list)  # (batch, n, k): the Ms
+    # Per entry of ``ordered``: the matrices it stacks, to copy the approximation back into
+    # (None where it is a view of a single matrix, written in place).
+    stacked_from: list[list[torch.Tensor] | None] = field(default_factory=list)
     ps: list[torch.Tensor] = field(default_factory=list)
     qs: list[torch.Tensor] = field(default_factory=list)
     p_handle: Any = None
@@ -109,11 +118,15 @@ class PowerSGD(GradientReducer):
         use_error_feedback, warm_start: as in the paper (both on by default).
         orthogonalization_epsilon: added to column norms (guards all-zero columns).
         seed: seeds the random first Q, identical on every rank.
+        batch_same_shape: stack same-shaped matrices and compress each stack with one
+            batched product and orthogonalisation (torch's
+            ``batch_tensors_with_same_shape``; see the module docstring).
     """
 
     def __init__(self, rank: int = 1, start_iter: int = 1000, min_compression_rate: float = 2,
                  use_error_feedback: bool = True, warm_start: bool = True,
-                 orthogonalization_epsilon: float = 0.0, seed: int = 0) -> None:
+                 orthogonalization_epsilon: float = 0.0, seed: int = 0,
+                 batch_same_shape: bool = False) -> None:
         super().__init__()
         if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
             raise ValueError(f"PowerSGD rank must be a positive integer, got {rank!r}")
@@ -130,6 +143,7 @@ class PowerSGD(GradientReducer):
         self.warm_start = warm_start
         self.epsilon = orthogonalization_epsilon
         self.seed = seed
+        self.batch_same_shape = bool(batch_same_shape)
         self.rng = np.random.RandomState(seed)
         self.iter = 0
         self.errors: dict[str, list[torch.Tensor]] = {}
@@ -137,10 +151,12 @@ class PowerSGD(GradientReducer):
         self.q_memory: dict[str, torch.Tensor] = {}
         self._before: dict[str, list[torch.Tensor]] = {}  # scratch of begin() for finish()
         self._error_flat: dict[str, torch.Tensor] = {}  # errors[key]'s views are into this
+        self._stacks: dict[str, list[torch.Tensor]] = {}  # batch_same_shape's, reused
 
     def __repr__(self) -> str:
+        batched = ", batch_same_shape=True" if self.batch_same_shape else ""
         return (f"Compression.powersgd(rank={self.rank}, start_iter={self.start_iter}, "
-                f"min_compression_rate={self.min_compression_rate})")
+                f"min_compression_rate={self.min_compression_rate}{batched})")
 
     def _compresses(self, t: torch.Tensor) -> bool:
         if not compressible(t) or t.dim() < 1:
@@ -182,7 +198,8 @@ class PowerSGD(GradientReducer):
                 b.copy_(span)
             started.before = before
         if matrices:
-            started.ordered, started.ps, started.qs = self._factors(matrices, key)
+            started.ordered, started.stacked_from, started.ps, started.qs = \
+                self._factors(matrices, key)
             for m, q, p in zip(started.ordered, started.qs, started.ps):
                 torch.bmm(m, q, out=p)
             started.p_handle = self.allreduce_sum_async([self.p_memory[key]], key, "P")
@@ -211,8 +228,11 @@ class PowerSGD(GradientReducer):
                 self.wait(started.q_handle)
                 if average:
                     self.q_memory[key].div_(self.world)
-                for p, q, m in zip(started.ps, started.qs, started.ordered):
+                for p, q, m, group in zip(started.ps, started.qs, started.ordered,
+                                          started.stacked_from):
                     torch.bmm(p, q.transpose(1, 2), out=m)
+                    for i, original in enumerate(group or ()):
+                        original.copy_(m[i])
         self.wait(started.plain_handle)
         if average:
             for t in started.plain:
@@ -252,19 +272,27 @@ class PowerSGD(GradientReducer):
         return [buffer], errors is not None
 
     def _factors(self, matrices: list[torch.Tensor], key: str) -> tuple[
-            list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]:
-        """The matrices as (1, n, k) views, and views of their P and Q in this key's memory:
-        Q warm (re-orthogonalised) or, the first time, random from the shared generator."""
+            list[torch.Tensor], list[list[torch.Tensor] | None], list[torch.Tensor],
+            list[torch.Tensor]]:
+        """The matrices as (batch, n, k) tensors (views of one matrix, or with
+        ``batch_same_shape`` stacks of a shape's matrices, with the matrices of each stack),
+        and views of their P and Q in this key's memory: Q warm (re-orthogonalised) or, the
+        first time, random from the shared generator."""
         dtype, device = matrices[0].dtype, matrices[0].device
         # Same-shaped matrices side by side, in order of first appearance (torch's order,
-        # which decides who gets which random numbers).
+        # which decides who gets which random numbers). P and Q memory has the same layout
+        # batched or not: a stack's factors are its matrices' factors back to back.
         by_shape: dict[tuple[int, ...], list[torch.Tensor]] = defaultdict(list)
         for m in matrices:
             by_shape[tuple(m.shape)].append(m)
-        ordered = [m.unsqueeze(0) for group in by_shape.values() for m in group]
+        if self.batch_same_shape:
+            ordered, stacked_from = self._stacked(list(by_shape.values()), key)
+        else:
+            ordered = [m.unsqueeze(0) for group in by_shape.values() for m in group]
+            stacked_from = [None] * len(ordered)
         ranks = [min(m.shape[1], m.shape[2], self.rank) for m in ordered]
-        p_total = sum(m.shape[1] * r for m, r in zip(ordered, ranks))
-        q_total = sum(m.shape[2] * r for m, r in zip(ordered, ranks))
+        p_total = sum(m.shape[0] * m.shape[1] * r for m, r in zip(ordered, ranks))
+        q_total = sum(m.shape[0] * m.shape[2] * r for m, r in zip(ordered, ranks))
         fresh = key not in self.p_memory
         if fresh:
             self.p_memory[key] = torch.empty(p_total, device=device, dtype=dtype)
@@ -272,11 +300,11 @@ class PowerSGD(GradientReducer):
         ps, qs = [], []
         p_at = q_at = 0
         for m, r in zip(ordered, ranks):
-            n, k = m.shape[1], m.shape[2]
-            ps.append(self.p_memory[key][p_at:p_at + n * r].view(1, n, r))
-            qs.append(self.q_memory[key][q_at:q_at + k * r].view(1, k, r))
-            p_at += n * r
-            q_at += k * r
+            b, n, k = m.shape
+            ps.append(self.p_memory[key][p_at:p_at + b * n * r].view(b, n, r))
+            qs.append(self.q_memory[key][q_at:q_at + b * k * r].view(b, k, r))
+            p_at += b * n * r
+            q_at += b * k * r
         if fresh:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(self.rng.randint(1_000_000_000))
@@ -286,7 +314,30 @@ class PowerSGD(GradientReducer):
         else:
             for q in qs:
                 orthogonalize(q, self.epsilon)
-        return ordered, ps, qs
+        return ordered, stacked_from, ps, qs
+
+    def _stacked(self, groups: list[list[torch.Tensor]], key: str) -> tuple[
+            list[torch.Tensor], list[list[torch.Tensor] | None]]:
+        """Each group of same-shaped matrices as one (batch, n, k) tensor: a view of a lone
+        matrix, else a stack copied into a buffer kept for ``key`` from step to step."""
+        stacked = [g for g in groups if len(g) > 1]
+        buffers = self._stacks.get(key)
+        if buffers is None or [tuple(b.shape) for b in buffers] != \
+                [(len(g), *g[0].shape) for g in stacked]:
+            buffers = self._stacks[key] = [
+                torch.empty((len(g), *g[0].shape), dtype=g[0].dtype, device=g[0].device)
+                for g in stacked]
+        ordered: list[torch.Tensor] = []
+        stacked_from: list[list[torch.Tensor] | None] = []
+        spare = iter(buffers)
+        for group in groups:
+            if len(group) == 1:
+                ordered.append(group[0].unsqueeze(0))
+                stacked_from.append(None)
+            else:
+                ordered.append(torch.stack(group, out=next(spare)))
+                stacked_from.append(group)
+        return ordered, stacked_from
 
     # ---------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
