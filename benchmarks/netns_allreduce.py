@@ -72,7 +72,7 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
     from mpi4py import MPI
 
     import mpitrain as hvd
-    from mpitrain.ops.calibration import TRIALS
+    from mpitrain.ops.calibration import calls_to_decide
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -132,7 +132,7 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
                 buf = halves[s] if name.endswith("-fp16") else buffers[s]
                 # auto first times each contender on its first calls of a size (across
                 # nodes, mpitrain.ops.calibration): warm up past that, as training does.
-                for _ in range(1 + 3 * TRIALS if name.startswith("auto") else 1):
+                for _ in range(1 + calls_to_decide(3) if name.startswith("auto") else 1):
                     hvd.allreduce_(buf, op=hvd.Sum, name=f"warm.{s}")
                 record(name, s, _timed(lambda b=buf, s_=s: hvd.allreduce_(
                     b, op=hvd.Sum, name=f"bench.{s_}"), iters, hvd.barrier))

@@ -13,8 +13,14 @@ use (32 MiB: 97-146 ms in a row, 116-160 ms taking turns, 53-117 ms after ten wa
 2026-11-27): the first calls after ``init()`` cost more, and its times vary most.  Each
 trial's time is the slowest rank's, agreed with one small MAX-allreduce; then the earliest
 contender (MPI's own, the layout's choice, the ring) whose median trial time is within
-:data:`MARGIN` of the fastest one's is kept for that class.  Every rank sees the same agreed times,
-makes the same choice and runs the same algorithm: no disagreement, no hang.
+:data:`MARGIN` of the fastest one's is the provisional choice.  Leaving MPI's own takes a
+second look: MPI's own and the provisional choice run ``TRIALS`` more calls each, head to
+head, and the same rule on those decides between the two.  Three trials of a ~3 ms call on
+shared cores can mislead (2 x 2 namespace hosts, unshaped, 1 MiB, 2026-11-27: hierarchical's
+trials 2.4-2.7 ms against MPI's 3.2-3.6 ms, then 4.5 ms per call against MPI's 2.1-3.2 ms),
+and falling under MPI's own is the one thing auto must not do; two samples taken at different
+times must both agree before it is left.  Every rank sees the same agreed times, makes the
+same choice and runs the same algorithm: no disagreement, no hang.
 
 Used only across several nodes, from ``algorithms.CALIBRATION_MIN_BYTES`` up (16-bit buffers
 from ``NARROW_CALIBRATION_BYTES``); one node keeps the measured table, where shared memory wins
@@ -44,6 +50,12 @@ TRIALS = 3
 MARGIN = 0.10
 
 
+def calls_to_decide(contenders: int) -> int:
+    """The most allreduces of one size class before its choice is made: ``TRIALS`` of each
+    contender, then ``TRIALS`` each of MPI's own and the provisional choice."""
+    return TRIALS * (contenders + 2)
+
+
 @dataclass
 class Calibration:
     """The trials and decisions of one group (one process set's data plane)."""
@@ -53,6 +65,8 @@ class Calibration:
     verbose: bool = False  # say each decision on stderr (rank 0 at log level INFO or lower)
     trials: dict[tuple[bool, int], list[tuple[str, float]]] = field(default_factory=dict)
     decided: dict[tuple[bool, int], str] = field(default_factory=dict)
+    # The first round's choice where it is not MPI's own, until the second look decides.
+    provisional: dict[tuple[bool, int], str] = field(default_factory=dict)
 
     @staticmethod
     def size_class(nbytes: int, narrow: bool = False) -> tuple[bool, int]:
@@ -67,8 +81,15 @@ class Calibration:
 
     def next_trial(self, nbytes: int, narrow: bool = False) -> str:
         """The contender the next allreduce of this size class runs (``TRIALS`` in a row)."""
-        done = len(self.trials.get(self.size_class(nbytes, narrow), []))
-        return self.contenders[(done // TRIALS) % len(self.contenders)]
+        key = self.size_class(nbytes, narrow)
+        done = len(self.trials.get(key, []))
+        return self._order(key)[(done // TRIALS) % len(self._order(key))]
+
+    def _order(self, key: tuple[bool, int]) -> tuple[str, ...]:
+        """Who runs, ``TRIALS`` calls each: every contender, then, where the first round left
+        MPI's own, MPI's own and that choice again."""
+        again = self.provisional.get(key)
+        return self.contenders + ((self.contenders[0], again) if again else ())
 
     def run_trial(self, comm: Any, nbytes: int, name: str, allreduce: Callable[[], None],
                   narrow: bool = False) -> None:
@@ -84,24 +105,43 @@ class Calibration:
         key = self.size_class(nbytes, narrow)
         trials = self.trials.setdefault(key, [])
         trials.append((name, slowest))
-        if len(trials) >= TRIALS * len(self.contenders):
-            self.decided[key] = self._decide(trials)
-            if self.verbose:
-                sys.stderr.write(self.describe(key) + "\n")
+        first = TRIALS * len(self.contenders)
+        if len(trials) == first:
+            choice = self._decide(trials, self.contenders)
+            if choice == self.contenders[0]:
+                self._settle(key, choice)
+            else:
+                self.provisional[key] = choice
+        elif len(trials) == first + 2 * TRIALS:
+            self._settle(key, self._decide(trials[first:],
+                                           (self.contenders[0], self.provisional[key])))
+
+    def _settle(self, key: tuple[bool, int], choice: str) -> None:
+        self.decided[key] = choice
+        if self.verbose:
+            sys.stderr.write(self.describe(key) + "\n")
 
     def describe(self, key: tuple[bool, int]) -> str:
         """One line: the size class, what it runs and the trial medians that chose it."""
         narrow, bits = key
         low, high = (1 << (bits - 1)) if bits else 0, 1 << bits
-        medians = ", ".join(
-            f"{c} {statistics.median(t for n, t in self.trials[key] if n == c) * 1e3:.1f} ms"
-            for c in self.contenders)
+        first = TRIALS * len(self.contenders)
+
+        def medians(trials: list[tuple[str, float]], names: tuple[str, ...]) -> str:
+            return ", ".join(f"{c} {statistics.median(t for n, t in trials if n == c) * 1e3:.1f}"
+                             f" ms" for c in names)
+
+        again = self.provisional.get(key)
+        second = (f"; then {medians(self.trials[key][first:], (self.contenders[0], again))}"
+                  if again and len(self.trials[key]) > first else "")
         return (f"mpitrain: auto across nodes: allreduces of {_size(low)}-{_size(high)}"
                 f"{' (16-bit)' if narrow else ''} run {self.decided[key]} (median of "
-                f"{TRIALS} trials, slowest rank: {medians})")
+                f"{TRIALS} trials, slowest rank: "
+                f"{medians(self.trials[key][:first], self.contenders)}{second})")
 
-    def _decide(self, trials: list[tuple[str, float]]) -> str:
-        """The earliest contender within :data:`MARGIN` of the fastest median.
+    @staticmethod
+    def _decide(trials: list[tuple[str, float]], contenders: tuple[str, ...]) -> str:
+        """The earliest of ``contenders`` within :data:`MARGIN` of the fastest median.
 
         The contenders come in order of preference (MPI's own, then the layout's choice, then
         the flat ring), so a later one replaces an earlier one only when clearly faster: MPI's
@@ -110,14 +150,15 @@ class Calibration:
         and unshaped, 58.2 vs 59.8 ms and 47.0 vs 47.9 ms for 32 MiB float16, then took 76
         against hierarchical's 64 ms in steady use, 2026-11-27).
         """
-        median = {c: statistics.median(t for n, t in trials if n == c) for c in self.contenders}
+        median = {c: statistics.median(t for n, t in trials if n == c) for c in contenders}
         fastest = min(median.values())
-        return next(c for c in self.contenders if fastest > (1.0 - MARGIN) * median[c]
+        return next(c for c in contenders if fastest > (1.0 - MARGIN) * median[c]
                     or median[c] == fastest)
 
     def summary(self) -> dict[tuple[bool, int], dict[str, Any]]:
         """Per size class: the trial times (seconds, slowest rank) and the decision."""
-        return {key: {"trials": list(trials), "decided": self.decided.get(key)}
+        return {key: {"trials": list(trials), "provisional": self.provisional.get(key),
+                      "decided": self.decided.get(key)}
                 for key, trials in sorted(self.trials.items())}
 
 
