@@ -15,6 +15,11 @@ Run as root from a checkout with its .venv::
     .venv/bin/python benchmarks/netns_allreduce.py --rate 10gbit --sizes-mib 1 16 64
     .venv/bin/python benchmarks/netns_allreduce.py --no-shape --hosts 2 --slots 2
 
+``engine-mpi`` is MPI's own Allreduce run by mpitrain's engine
+(``MPITRAIN_ALLREDUCE_ALGORITHM=mpi``): its distance from ``mpi`` is the engine's per-call
+cost (negotiation, two thread hand-offs), which every mpitrain contender pays and which
+decides at 1 MiB; ``auto`` against it says whether auto's choice of algorithm was right.
+
 ``--pipeline K`` adds ``hierarchical-pipelined``: the hierarchical allreduce with its steps
 overlapped over K chunks (``MPITRAIN_HIERARCHICAL_PIPELINE=K``).
 
@@ -82,7 +87,8 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
     # touch: page faults, ~0.2 ms per MiB here).  Zeros, so repeated sums stay finite.
     buffers = {s: torch.zeros(int(s * MiB) // 4, dtype=torch.float32) for s in sizes_mib}
     halves = {s: b.to(torch.float16) for s, b in buffers.items()}
-    contenders = [*CONTENDERS, *(["hierarchical-pipelined"] if pipeline > 1 else []),
+    contenders = [*CONTENDERS, "engine-mpi",
+                  *(["hierarchical-pipelined"] if pipeline > 1 else []),
                   *(f"{c}-fp16" for c in CONTENDERS if fp16)]
 
     def record(name: str, s: float, times: list[float]) -> None:
@@ -119,6 +125,8 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
         turn = round_ % len(contenders)
         for name in contenders[turn:] + contenders[:turn]:
             algorithm = name.removesuffix("-fp16")
+            if algorithm == "engine-mpi":
+                algorithm = "mpi"
             if algorithm == "hierarchical-pipelined":
                 algorithm = "hierarchical"
                 os.environ["MPITRAIN_HIERARCHICAL_PIPELINE"] = str(pipeline)
@@ -169,6 +177,12 @@ def report(data: dict, shaped: dict[str, str]) -> str:
         verdicts.append(f"{float(s):g} MiB: {best} is {medians[other] / medians[best]:.2f}x "
                         f"faster than {other}; auto takes {medians['auto'] / medians[best]:.2f}x "
                         f"the time of {best}")
+        if "engine-mpi" in medians:
+            verdicts.append(f"{float(s):g} MiB: MPI's own through the engine takes "
+                            f"{medians['engine-mpi'] / medians['mpi']:.2f}x the time of MPI's "
+                            f"own called directly; auto takes "
+                            f"{medians['auto'] / medians['engine-mpi']:.2f}x the time of the "
+                            f"former")
         if "auto-fp16" in medians:
             verdicts.append(f"{float(s):g} MiB: auto on float16 is "
                             f"{medians['mpi'] / medians['auto-fp16']:.2f}x MPI's float32 and "

@@ -180,10 +180,11 @@ def test_shaped_link_benchmark_runs(cluster):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     line = next(x for x in result.stdout.splitlines() if x.startswith("BENCH "))
     data = json.loads(line[len("BENCH "):])
-    assert set(data["results"]) == {"mpi", "ring", "hierarchical", "auto"}
+    assert set(data["results"]) == {"mpi", "ring", "hierarchical", "auto", "engine-mpi"}
     assert 0 < data["link_Bps"] < 10e9
     text = netns_allreduce.report(data, {"rate": "1gbit"})
     assert "0.25 MiB:" in text and "auto takes" in text
+    assert "MPI's own through the engine takes" in text
 
 
 def test_elastic_survivors_continue_when_a_whole_host_dies(cluster, tmp_path):
