@@ -138,7 +138,7 @@ def test_a_failed_collective_under_torch_ddp_raises_instead_of_crashing(pg):
 
     def failing_allreduce(self, tensors, opts=None):  # a failure, on every rank alike
         work = Work(tensors, finish=fail)
-        work.complete()
+        work.complete()()  # finish, then resolve the future, here
         return work
 
     monkeypatch = pytest.MonkeyPatch()
@@ -332,6 +332,24 @@ def test_stock_ddp_mpitrain_equals_stock_ddp_gloo(pg, gloo, bucket_cap_mb):
     # The mpitrain DDP really went through the engine: start-up checks, buffer broadcasts and
     # one allreduce per bucket per step.
     assert engine.stats()["collectives"] - before >= 4
+
+
+@pytest.mark.timeout(120)
+def test_stock_ddp_with_torchs_powersgd_hook_mpitrain_equals_gloo(pg, gloo):
+    """torch's powerSGD_hook blocks inside a future callback on another allreduce's future
+    (the P factors'); over this backend that used to hang every rank: the callback ran on the
+    thread that completes futures, so the one it waited for was never completed."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as P
+
+    models = []
+    for group in (pg, gloo):
+        model = DDP(make_model(seed=RANK), process_group=group)
+        model.register_comm_hook(P.PowerSGDState(process_group=group,
+                                                 matrix_approximation_rank=1,
+                                                 start_powerSGD_iter=2), P.powerSGD_hook)
+        models.append(model)
+    train_lockstep(*models, RANK, steps=5)  # two plain steps, three compressed
+    assert_same_on_every_rank(models[0].module)
 
 
 def test_stock_ddp_find_unused_parameters_and_no_sync(pg, gloo):

@@ -1,8 +1,9 @@
-"""The c10d progress thread ends cleanly at exit, after finishing what it was handed."""
+"""The c10d progress thread ends cleanly at exit, after finishing what it was handed; the
+futures' callbacks run where one blocking on another's future cannot hang."""
 
 import threading
 
-from mpitrain.torch.c10d.work import Progress
+from mpitrain.torch.c10d.work import Progress, Resolver
 
 
 class FakeWork:
@@ -16,8 +17,9 @@ class FakeWork:
         self.polls_left -= 1
         return self.polls_left < 0
 
-    def complete(self) -> None:
+    def complete(self):
         self.completed.set()
+        return lambda: None  # what resolves its future
 
 
 def _thread_of(progress: Progress) -> threading.Thread:
@@ -37,3 +39,28 @@ def test_stop_finishes_handed_works_then_ends_the_thread():
 
 def test_stop_without_a_thread_is_harmless():
     Progress("never-started").stop()
+
+
+def test_a_callback_waiting_for_a_later_completion_does_not_block_it():
+    """As torch's powerSGD_hook does: a future's callback waits for another collective's
+    future, whose completion is queued after it. A second thread must take that one."""
+    resolver = Resolver("test")
+    later_done = threading.Event()
+    waited = []
+    resolver.submit(lambda: waited.append(later_done.wait(timeout=10)))
+    resolver.submit(later_done.set)
+    resolver.stop(timeout=10)
+    assert waited == [True]
+    assert resolver.threads() == 2
+
+
+def test_completions_reuse_idle_threads():
+    resolver = Resolver("test-idle")
+    for _ in range(20):
+        done = threading.Event()
+        resolver.submit(done.set)
+        assert done.wait(timeout=10)
+    resolver.stop(timeout=10)
+    # Reused, not one per completion (a second appears when a job comes before the first
+    # thread is back to waiting).
+    assert resolver.threads() < 10

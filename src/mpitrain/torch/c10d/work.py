@@ -7,8 +7,14 @@ chains callbacks on the future).  Something must therefore complete futures on i
 
 * engine collectives call back (``Handle.add_done_callback``, on the engine thread) into a
   per-process-group :class:`Progress` thread, which runs the Work's finishing step (copying
-  results into torch's output tensors), then completes the future.  Future callbacks, which
-  are user code, thus never run on the engine thread;
+  results into torch's output tensors) and hands the future's completion to a
+  :class:`Resolver`.  Future callbacks, which are user code, thus never run on the engine
+  thread, nor on the progress thread: a callback may block on another collective's future
+  (torch's ``powerSGD_hook`` does, ``all_reduce(...).get_future().wait()`` inside ``then``),
+  and that future must still be completed by someone — the resolver starts another thread
+  whenever every one of its threads is busy, so a blocked callback never blocks the
+  completion it waits for (with one thread that was a hang: torch DDP with torch's PowerSGD
+  hook over this backend, e.g. Accelerate's ``comm_hook=POWER_SGD``);
 * point-to-point Works hold an MPI request that only the progress thread tests, backing off
   from yields to 1 ms sleeps while any is pending, so nothing spins.
 """
@@ -19,6 +25,7 @@ import atexit
 import datetime
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from typing import Any
 
@@ -76,8 +83,9 @@ class Work(dist._Work):
         self.source_rank_value = -1
 
     # ------------------------------------------------------------------ progress side
-    def complete(self) -> None:
-        """Finish on the progress thread: run the finishing step, then resolve the future."""
+    def complete(self) -> Callable[[], None]:
+        """Finish on the progress thread: run the finishing step, release ``wait()``; returns
+        what resolves the future (which runs its callbacks: for a :class:`Resolver`)."""
         try:
             if self._finish is not None:
                 self._finish()
@@ -85,6 +93,9 @@ class Work(dist._Work):
             self._error = exc
         self._finish = None
         self._event.set()
+        return self._resolve
+
+    def _resolve(self) -> None:
         if self._error is None:
             self._done.set_result(self._outputs)
         else:
@@ -144,6 +155,65 @@ class Work(dist._Work):
         self.wait()
 
 
+class Resolver:
+    """Threads that complete Works' futures, and so run their callbacks (user code).
+
+    Every queued completion has a thread of its own to run on: when none is idle, one more is
+    started.  A callback that blocks on another Work's future (torch's PowerSGD hook) then
+    never stands in the way of that future's completion.  Threads stay for later completions;
+    they are as many as callbacks were ever blocked at once, plus one.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+        self._cond = threading.Condition(threading.Lock())
+        self._jobs: deque[Callable[[], None]] = deque()
+        self._idle = 0
+        self._threads: list[threading.Thread] = []
+        self._stopping = False
+
+    def submit(self, job: Callable[[], None]) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            # More jobs waiting than idle threads to take them: one of them would wait behind
+            # a callback that may be waiting for it.
+            if len(self._jobs) > self._idle:
+                thread = threading.Thread(target=self._run, daemon=True,
+                                          name=f"mpitrain-c10d-{self._name}-"
+                                               f"futures{len(self._threads)}")
+                self._threads.append(thread)
+                thread.start()
+            else:
+                self._cond.notify()
+
+    def threads(self) -> int:
+        with self._cond:
+            return len(self._threads)
+
+    def stop(self, timeout: float) -> None:
+        """Run what was submitted, then end the threads (waiting at most ``timeout`` s)."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+            threads = list(self._threads)
+        deadline = time.monotonic() + timeout
+        for thread in threads:
+            if thread is not threading.current_thread():
+                thread.join(max(0.0, deadline - time.monotonic()))
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    if self._stopping:
+                        return
+                    self._idle += 1
+                    self._cond.wait()
+                    self._idle -= 1
+                job = self._jobs.popleft()
+            job()
+
+
 class Progress:
     """The thread that completes one process group's Works (see the module docstring)."""
 
@@ -154,6 +224,7 @@ class Progress:
         self._new_polls: list[Work] = []
         self._thread: threading.Thread | None = None
         self._stopping = False
+        self._resolver = Resolver(name)
 
     def ready(self, work: Work) -> None:
         """``work``'s transport is done: finish it soon.  Callable from any thread."""
@@ -188,7 +259,10 @@ class Progress:
             self._cond.notify()
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
+            started = time.monotonic()
             thread.join(timeout)
+            timeout = max(0.0, timeout - (time.monotonic() - started))
+        self._resolver.stop(timeout)
 
     def _run(self) -> None:
         polling: list[Work] = []
@@ -203,11 +277,11 @@ class Progress:
                 polling.extend(self._new_polls)
                 self._new_polls = []
             for work in ready:
-                work.complete()
+                self._resolver.submit(work.complete())
             still = []
             for work in polling:
                 if work.polled_done():
-                    work.complete()
+                    self._resolver.submit(work.complete())
                 else:
                     still.append(work)
             progressed = bool(ready) or len(still) < len(polling)
@@ -218,4 +292,4 @@ class Progress:
                 time.sleep(0)
 
 
-__all__ = ["Progress", "Work"]
+__all__ = ["Progress", "Resolver", "Work"]
