@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import sys
 import time
 import traceback
@@ -69,6 +70,7 @@ def install_before_init_hook() -> None:
         if world is None or issubclass(exc_type, KeyboardInterrupt) or not _abort_wanted():
             _call_quietly(previous, exc_type, exc, tb)
             return
+        _write_to_the_terminal()
         _print_traceback(exc_type, exc, tb, previous)
         _say(f"mpitrain: rank {world.Get_rank()} of {world.Get_size()} raised "
              f"{exc_type.__name__} before mpitrain.init() while MPI was running; aborting all "
@@ -121,6 +123,7 @@ def report_and_abort(exc_type: Any, exc: Any, tb: Any, previous: Any) -> None:
     ``previous`` is the excepthook that was installed before mpitrain's; a custom one is
     always called, the default one only where this rank prints the traceback.
     """
+    _write_to_the_terminal()
     comm, topo = _comm, _topology
     if comm is None or topo is None:
         _print_traceback(exc_type, exc, tb, previous)
@@ -180,6 +183,26 @@ def _wait(request: Any, seconds: float) -> bool:
     except Exception:  # noqa: BLE001 - a failed request is as good as a late one here
         return False
     return True
+
+
+def _write_to_the_terminal() -> None:
+    """Point ``sys.stderr`` back at the process's own stream if a hook above ours captured it.
+
+    torch's ``init_process_group`` wraps the excepthook it finds (ours, installed by the
+    mpitrain backend's ``init()``) in one that sends ``sys.stderr`` to a ``StringIO`` while
+    ours runs and prints the buffer after it returns, with rank prefixes. Ours never returns:
+    it aborts the job, and the traceback died in the buffer (every rank silent, only MPI's
+    abort banner; seen with Accelerate over the "mpitrain" backend, 2026-11-27). What the
+    buffer already holds is written first.
+    """
+    captured, real = sys.stderr, sys.__stderr__
+    if real is None or captured is real or not isinstance(captured, io.StringIO):
+        return
+    sys.stderr = real
+    held = captured.getvalue()
+    if held:
+        real.write(held)
+        real.flush()
 
 
 def _print_traceback(exc_type: Any, exc: Any, tb: Any, previous: Any) -> None:

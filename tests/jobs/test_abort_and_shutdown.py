@@ -91,6 +91,23 @@ def test_ranks_failing_alike_print_the_error_once():
     assert elapsed < 60, f"took {elapsed:.1f} s to end the job"
 
 
+def test_an_error_after_torchs_init_process_group_is_printed_not_swallowed():
+    """torch's init_process_group wraps our excepthook and points sys.stderr at a buffer while
+    it runs, to print it with rank prefixes afterwards; ours aborts the job first, so the
+    report used to die in the buffer: every rank silent, only MPI's abort banner."""
+    code = (
+        "import torch.distributed as dist\n"
+        "import mpitrain.torch  # registers the backend\n"
+        "dist.init_process_group('mpitrain')\n"
+        "raise ValueError('a bad batch on every rank')\n"
+    )
+    result = run_python(2, code, timeout=90)
+    err = result.stderr
+    assert result.returncode != 0
+    assert err.count("ValueError: a bad batch on every rank") == 1, err
+    assert "so did rank 1, with the same message" in err, err
+
+
 def test_settings_that_differ_between_ranks_fail_init_once_naming_them():
     # MPMD launch: ranks 0-1 run the ring with 32 MiB buckets, ranks 2-3 the defaults (as when
     # a variable exported in one shell never reached the other host).  init() fails on every
