@@ -217,6 +217,7 @@ def reference(inputs: Sequence[np.ndarray], dtype: str, prescale: float = 1.0,
     tests hold the kernels, CPU and GPU, to an independent statement of the arithmetic.
     """
     bits = LAYOUTS[dtype].frac_bits
+    values: list[np.ndarray]
     with np.errstate(over="ignore", invalid="ignore"):
         if dtype == "float64":
             values = [np.asarray(x, np.float64) * np.float64(prescale) for x in inputs]

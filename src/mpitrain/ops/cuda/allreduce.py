@@ -14,6 +14,13 @@ reaches that point in the same order, so the communicators it duplicates match).
    streams wait for that: ``step()`` sees the results, the host never waited for the device.
 
 A single tensor that the transport can reduce where it lies skips steps 1 and 3.
+
+With ``MPITRAIN_DETERMINISTIC`` a floating-point Sum gives the CPU data plane's bits:
+``fixed-point`` packs the bucket into scratch, turns it into integers on the device
+(:mod:`.fixed_point`), reduces the exponents and the integers through step 2 as it would any
+integer bucket (every transport is exact on them) and turns them back; ``rank-order`` stages
+every bucket through the host, where the CPU's rank-order sum folds it (the device kernels
+would round a prescaled sum differently: see :mod:`.kernels` on fused multiply-adds).
 """
 
 from __future__ import annotations
@@ -26,11 +33,15 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ...dtypes import STORAGE, ReduceOp
+from ...dtypes import FLOATING, STORAGE, ReduceOp
+from .. import fixed_point as fixed_spec
 from .. import mpi as mpi_ops
+from .. import ordered
 from ..algorithms import allreduce as host_allreduce
+from ..float_sum import Sum
 from ..group import Group
-from . import ipc, kernels, streams, transport
+from ..scratch import Scratch
+from . import fixed_point, ipc, kernels, streams, transport
 from .pack import Packer
 from .probe import require
 from .streams import Channel, Channels, CupyStreams
@@ -88,6 +99,9 @@ class DeviceGroup:
                                        group.config.allreduce_algorithm)
         if force is not None:
             self.phases = [("allreduce", force)]
+        self.rank_order = group.config.deterministic == "rank-order"
+        if self.rank_order:  # the CPU folds every bucket, whatever was forced (module docs)
+            self.phases = [("allreduce", transport.Transport.HOST_STAGING)]
         self.uses_ipc = self.phases[0][1] == transport.Transport.CUDA_IPC
         # How data crosses MPI: the cross-node phase of the hierarchical allreduce, or the
         # whole allreduce (staging/CUDA-aware); None when IPC alone does the job.
@@ -97,7 +111,8 @@ class DeviceGroup:
                        if self.uses_ipc else None)
         self._fusion: Any = None
         self._packers: dict[tuple[Any, ...], Packer] = {}
-        self._scratch: dict[tuple[int, str], Any] = {}
+        self._scratch: dict[tuple[int | str, str], Any] = {}
+        self._host_scratch: dict[int, Scratch] = {}
         self._pinned: dict[int, list[Any]] = {}
         self._lock = threading.Lock()
 
@@ -136,7 +151,11 @@ class DeviceGroup:
         return self._fusion[:nbytes]
 
     def _scratch_for(self, channel: Channel, dtype: np.dtype, count: int) -> Any:
-        key = (channel.index, dtype.str)
+        return self._named(channel.index, dtype, count)
+
+    def _named(self, name: int | str, dtype: np.dtype, count: int) -> Any:
+        """Device scratch under ``name`` (a channel's index, or a purpose), grown, never shrunk."""
+        key = (name, dtype.str)
         with self._lock:
             buf = self._scratch.get(key)
             if buf is None or buf.size < count:
@@ -213,6 +232,9 @@ class DeviceGroup:
                 # streams=1: the device channels already run in parallel; no nested split.
                 host_allreduce(self.group, host, host, dtype, op, prescale, postscale,
                                streams=1)
+            elif self.rank_order and dtype in FLOATING and op == ReduceOp.SUM:
+                ws = self._host_scratch.setdefault(channel.index, Scratch())
+                ordered.allreduce(comm, None, host, host, Sum(dtype, prescale, postscale), ws)
             else:
                 mpi_ops.allreduce(host_group, host, host, dtype, op, prescale, postscale)
 
@@ -260,8 +282,50 @@ class DeviceGroup:
         if count == 0:
             return
         with self.on_device():
+            if (self.group.config.deterministic == "fixed-point" and op == ReduceOp.SUM
+                    and dtype in FLOATING):
+                fixed_spec.check_world(self.group.size)
+                self._fixed_point(inputs, outputs, Sum(dtype, prescale, postscale), ready,
+                                  framework_streams)
+                return
             self._allreduce(inputs, outputs, storage, count, dtype, op, prescale, postscale,
                             ready, framework_streams)
+
+    def _fixed_point(self, inputs: Sequence[Any], outputs: Sequence[Any], how: Sum,
+                     ready: Sequence[Any], framework_streams: Sequence[Any]) -> None:
+        """The fixed-point sum of a bucket: encoded on the device, its exponents and integers
+        reduced as integer buckets, decoded (see the module docstring)."""
+        count = sum(int(x.size) for x in inputs)
+        storage, lay = STORAGE[how.dtype], fixed_spec.LAYOUTS[how.dtype]
+        stream = self.channels.channels[0].stream
+        for event in ready:
+            self.backend.wait(stream, event)
+        in_place_single = (len(inputs) == 1
+                           and int(inputs[0].data.ptr) == int(outputs[0].data.ptr))
+        if in_place_single:
+            values = inputs[0]
+        else:  # not the IPC window: the integer buckets below go through it
+            values = self._named("fixed.values", storage, count)
+            self._packer(inputs, values.view(np.uint8)).pack(values.view(np.uint8), stream)
+        exps = self._named("fixed.exps", STORAGE[lay.exps], count)
+        words = self._named("fixed.words", STORAGE[lay.word], count * lay.words)
+        on = self._numba_stream(stream)
+        v, e, w = self._numba(values), self._numba(exps), self._numba(words)
+        kernels.launch(fixed_point.exponents_kernel(how.dtype), count, on, v, e, count,
+                       how.prescale)
+        self._allreduce([exps], [exps], STORAGE[lay.exps], count, lay.exps, ReduceOp.MAX,
+                        1.0, 1.0, (), ())
+        kernels.launch(fixed_point.encode_kernel(how.dtype), count, on, v, e, w, count,
+                       how.prescale)
+        self._allreduce([words], [words], STORAGE[lay.word], count * lay.words, lay.word,
+                        ReduceOp.SUM, 1.0, 1.0, (), ())
+        kernels.launch(fixed_point.decode_kernel(how.dtype), count, on, w, e, v, count,
+                       how.postscale)
+        if not in_place_single:
+            self._packer(outputs, values.view(np.uint8)).unpack(values.view(np.uint8), stream)
+        done = self.backend.record(stream)
+        for framework_stream in framework_streams:
+            self.backend.wait(framework_stream, done)
 
     def _allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any], storage: np.dtype,
                    count: int, dtype: str, op: ReduceOp, prescale: float, postscale: float,
@@ -336,6 +400,7 @@ class DeviceGroup:
                 comm.Free()
         self._packers.clear()
         self._scratch.clear()
+        self._host_scratch.clear()
         self._pinned.clear()
 
 

@@ -74,7 +74,7 @@ def encode32(y, pre, exps, frac_bits, out):
         if b == SPECIAL32:
             out[i] = _special_count(v)
             continue
-        e = max(b, 1) - 126  # |v| < 2**e on every rank; subnormals share the lowest binade
+        e = (b if b > 1 else 1) - 126  # |v| < 2**e on every rank; subnormals share the lowest binade
         out[i] = np.int64(math.floor(np.float64(v) * _pow2(frac_bits - e) + 0.5))
 
 
@@ -95,7 +95,7 @@ def decode32(q, exps, post, frac_bits, out):
             else:  # cannot happen: some rank held the special value
                 out[i] = np.float32(np.nan)
             continue
-        e = max(b, 1) - 126
+        e = (b if b > 1 else 1) - 126
         out[i] = np.float32(np.float64(s) * _pow2(e - frac_bits) * post)
 
 
@@ -111,7 +111,7 @@ def encode64(y, pre, exps, frac_bits, hi, lo):
             hi[i] = _special_count(v)
             lo[i] = 0
             continue
-        k = frac_bits - (max(b, 1) - 1022)
+        k = frac_bits - ((b if b > 1 else 1) - 1022)
         half = k // 2
         w = v * _pow2(half) * _pow2(k - half)
         whole = math.floor(w)
@@ -141,6 +141,6 @@ def decode64(hi, lo, exps, post, frac_bits, out):
         rem = low - (carry << frac_bits)
         a = np.float64(whole)
         t = np.float64(whole - np.int64(a)) + np.float64(rem) * _pow2(-frac_bits)
-        k = max(b, 1) - 1022 - frac_bits
+        k = (b if b > 1 else 1) - 1022 - frac_bits
         half = k // 2
         out[i] = (a + t) * _pow2(half) * _pow2(k - half) * post
