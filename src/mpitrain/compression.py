@@ -15,7 +15,8 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+from .arrays import is_torch, loaded_torch
 
 if TYPE_CHECKING:
     from .compressors import OneBit, PowerSGD, TopK
@@ -48,7 +49,8 @@ class NoneCompressor(Compressor):
 
 
 def _is_wide_float(tensor: Any) -> bool:
-    if isinstance(tensor, torch.Tensor):
+    if is_torch(tensor):
+        torch = loaded_torch()
         return tensor.dtype in (torch.float32, torch.float64)
     return isinstance(tensor, np.ndarray) and tensor.dtype in (np.float32, np.float64)
 
@@ -60,15 +62,15 @@ class FP16Compressor(Compressor):
     def compress(tensor: Any) -> tuple[Any, Any]:
         if not _is_wide_float(tensor):
             return tensor, None
-        if isinstance(tensor, torch.Tensor):
-            return tensor.to(torch.float16), tensor.dtype
+        if is_torch(tensor):
+            return tensor.to(loaded_torch().float16), tensor.dtype
         return tensor.astype(np.float16), tensor.dtype
 
     @staticmethod
     def decompress(tensor: Any, ctx: Any) -> Any:
         if ctx is None:
             return tensor
-        if isinstance(tensor, torch.Tensor):
+        if is_torch(tensor):
             return tensor.to(ctx)
         return tensor.astype(ctx)
 
@@ -80,8 +82,8 @@ class BF16Compressor(Compressor):
     def compress(tensor: Any) -> tuple[Any, Any]:
         if not _is_wide_float(tensor):
             return tensor, None
-        if isinstance(tensor, torch.Tensor):
-            return tensor.to(torch.bfloat16), tensor.dtype
+        if is_torch(tensor):
+            return tensor.to(loaded_torch().bfloat16), tensor.dtype
         try:
             import ml_dtypes  # optional: only bf16 compression of numpy arrays needs it
         except ImportError:
@@ -93,7 +95,7 @@ class BF16Compressor(Compressor):
     def decompress(tensor: Any, ctx: Any) -> Any:
         if ctx is None:
             return tensor
-        if isinstance(tensor, torch.Tensor):
+        if is_torch(tensor):
             return tensor.to(ctx)
         return tensor.astype(ctx)
 

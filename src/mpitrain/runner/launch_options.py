@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from .. import config
+from . import horovodrun_flags
 
 _NAMES = {var.field: var.name for var in config.VARIABLES}
 
@@ -186,11 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     mode = parser.add_argument_group("what to do")
     mode.add_argument("--dry-run", action="store_true",
                       help="print the command that would run, run nothing")
-    mode.add_argument("--check-build", action="store_true",
+    mode.add_argument("-cb", "--check-build", action="store_true",
                       help="show what this installation supports (MPI library and thread "
                            "level, CUDA, cupy, numba, CUDA-aware MPI) and exit")
     mode.add_argument("--verbose", action="store_true",
                       help="print the placement and the command before running it")
+    horovodrun_flags.add_flags(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program and its arguments, e.g. python train.py --lr 0.1")
     return parser

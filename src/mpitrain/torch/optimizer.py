@@ -49,10 +49,10 @@ from ..compressors import GradientReducer
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of, size_of
 from . import adasum_optimizer
+from .autograd_ops import sparse_allreduce_async
 from .compressed_buckets import CompressedBuckets, buckets_for
 from .gradient_groups import check_groups, split_groups
 from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names, positive_int
-from .mpi_ops import sparse_allreduce_async
 
 Key = Any  # a parameter, or a tuple of parameters (a group)
 Pending = tuple[Any, Any]  # (handle, or a callable for sparse results; compression context)
