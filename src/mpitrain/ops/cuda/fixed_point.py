@@ -3,9 +3,11 @@
 The arithmetic of :mod:`mpitrain.ops.fixed_point` on the device, bit for bit what the CPU
 kernels give: values are loaded and prescaled by :mod:`.kernels`' loaders (one float32
 multiplication, or float64's), exponents come from ``frexp`` (equal to the biased exponent
-field: ``k + 126`` for float32, ``k + 1022`` for float64, 0 for zeros and subnormals),
-powers of two apply through ``ldexp`` (exact, as the CPU's multiplications by a power of two
-built from its bits), and results are stored by :mod:`.kernels`' storers.  Every product is
+field: ``k + 126`` for float32, ``k + 1022`` for float64, 0 for zeros and subnormals), the
+powers of two are ``ldexp(1.0, k)`` (the CPU builds them from their bits) multiplied in the
+CPU kernels' order (float64 in two halves, whose product can overflow to infinity as IEEE
+multiplication does, where ``ldexp`` of the sum would raise in the simulator), and results
+are stored by :mod:`.kernels`' storers.  Every product is
 by a power of two or is not added to anything, so the fused multiply-adds NVVM may form
 change no bit.
 
@@ -89,6 +91,17 @@ def _count_special() -> Any:
 
 
 @functools.cache
+def _pow2() -> Any:
+    types = kernels.device_types()
+
+    @device_helper(lambda k: types.float64)
+    def pow2(k: Any) -> Any:
+        return math.ldexp(1.0, k)  # exact for -1022 <= k <= 1023
+
+    return pow2
+
+
+@functools.cache
 def _field(wide: bool) -> Any:
     """The biased exponent field of a value, through frexp (no bit reinterpretation)."""
     types = kernels.device_types()
@@ -129,6 +142,7 @@ def encode_kernel(dtype: str) -> Any:
     float64 writes two words per element (hi, lo) next to each other."""
     lay = spec.LAYOUTS[dtype]
     load, count, frac = kernels.loader(dtype), _count_special(), lay.frac_bits
+    pow2 = _pow2()
     wide = _wide(dtype)
     special, bias = (SPECIAL64, 1022) if wide else (SPECIAL32, 126)
 
@@ -144,14 +158,16 @@ def encode_kernel(dtype: str) -> Any:
                     words[2 * i] = count(v)
                     words[2 * i + 1] = 0
                 else:
-                    w = math.ldexp(np.float64(v), frac - e)
+                    k = frac - e
+                    half = k // 2
+                    w = np.float64(v) * pow2(half) * pow2(k - half)
                     whole = math.floor(w)
                     words[2 * i] = np.int64(whole)
-                    words[2 * i + 1] = np.int64(math.floor(math.ldexp(w - whole, frac) + 0.5))
+                    words[2 * i + 1] = np.int64(math.floor((w - whole) * pow2(frac) + 0.5))
             elif b == special:
                 words[i] = count(v)
             else:
-                w = math.ldexp(np.float64(v), frac - e)
+                w = np.float64(v) * pow2(frac - e)
                 words[i] = np.int64(math.floor(w + 0.5))
             i += stride
 
@@ -164,6 +180,7 @@ def decode_kernel(dtype: str) -> Any:
     post)``."""
     lay = spec.LAYOUTS[dtype]
     store, frac = kernels.storer(dtype), lay.frac_bits
+    pow2 = _pow2()
     wide = _wide(dtype)
     special, bias = (SPECIAL64, 1022) if wide else (SPECIAL32, 126)
 
@@ -189,10 +206,11 @@ def decode_kernel(dtype: str) -> Any:
                 whole = s + carry
                 rem = low - (carry << frac)
                 a = np.float64(whole)
-                t = np.float64(whole - np.int64(a)) + math.ldexp(np.float64(rem), -frac)
-                store(out, i, math.ldexp(a + t, k) * post, 1.0)
+                t = np.float64(whole - np.int64(a)) + np.float64(rem) * pow2(-frac)
+                half = k // 2
+                store(out, i, (a + t) * pow2(half) * pow2(k - half) * post, 1.0)
             else:
-                store(out, i, math.ldexp(np.float64(s), k) * post, 1.0)
+                store(out, i, np.float64(s) * pow2(k) * post, 1.0)
             i += stride
 
     return kernels.jit(kernel)
