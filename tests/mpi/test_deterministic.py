@@ -107,6 +107,27 @@ def test_reducescatter_gives_each_rank_its_block_of_the_same_bits(groups, mode):
             assert bits(out) == bits(want), (mode, dtype, n)
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_min_max_and_product_fold_in_rank_order_whatever_the_algorithm(groups, mode):
+    # MPI's own Min/Max keep whichever operand its order puts first when one is NaN or the
+    # two are zeros of both signs, and a Product rounds along its order: in either design
+    # these fold in rank order, the reference's order.
+    group = groups[mode]
+    for dtype in FLOATS:
+        n = 2003
+        inputs = [values(r, n, dtype, salt=2) for r in range(SIZE)]
+        for r, x in enumerate(inputs):
+            specials = reference.narrow(np.float32([np.nan, 0.0, -0.0]), dtype)
+            x[r::7][:3] = specials[[r % 3, (r + 1) % 3, (r + 2) % 3]]
+        for op in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+            pre, post = (1.0, 1.0) if op != ReduceOp.PRODUCT else (0.5, 3.0)
+            want = bits(reference.reduce(inputs, dtype, op, pre, post))
+            for algorithm in ALGORITHMS:
+                out = np.empty_like(inputs[RANK])
+                algorithms.allreduce(group, inputs[RANK], out, dtype, op, pre, post, algorithm)
+                assert bits(out) == want, (mode, dtype, op.name, algorithm)
+
+
 def test_special_values_and_signed_zeros(groups):
     # An infinity or NaN anywhere decides the element as IEEE addition would; the fixed-point
     # sum writes zeros as +0.

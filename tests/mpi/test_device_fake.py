@@ -217,3 +217,22 @@ def test_deterministic_device_sums_give_the_cpu_bits(hvd, mode, dtype, force, st
     for out, w in zip(outs, want):
         assert np.asarray(out).tobytes() == w.tobytes()
     assert np.asarray(xs[2]).tobytes() == want[2].tobytes()
+
+
+@pytest.mark.parametrize("mode", ["rank-order", "fixed-point"])
+def test_deterministic_device_min_max_product_fold_in_rank_order(hvd, mode):
+    dg = DeviceGroup(_device_group(hvd, deterministic=mode), cuda_aware=False)
+    try:
+        for op in (ReduceOp.MAX, ReduceOp.PRODUCT):
+            inputs = [[_mixed(r, n, "float32", seed=i) for i, n in enumerate([5, 90])]
+                      for r in range(SIZE)]
+            xs = [cupy.asarray(x) for x in inputs[RANK]]
+            stream = cupy.cuda.get_current_stream()
+            dg.allreduce(xs, xs, "float32", op, 0.5, 3.0, [], [stream])
+            stream.synchronize()
+            for i, x in enumerate(xs):
+                want = reference.reduce([inputs[r][i] for r in range(SIZE)], "float32", op,
+                                        0.5, 3.0)
+                assert np.asarray(x).tobytes() == want.tobytes(), (op, i)
+    finally:
+        dg.close()

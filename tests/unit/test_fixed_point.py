@@ -13,7 +13,7 @@ import pytest
 
 from mpitrain.dtypes import STORAGE
 from mpitrain.ops import fixed_point, ordered, reference
-from mpitrain.ops.float_sum import Sum
+from mpitrain.ops.reduction import Reduction
 from mpitrain.ops.scratch import Scratch
 
 FLOATS = ("float32", "float64", "float16", "bfloat16")
@@ -21,7 +21,7 @@ FLOATS = ("float32", "float64", "float16", "bfloat16")
 
 def simulate(inputs, dtype, pre=1.0, post=1.0):
     """Every rank's kernels, the collectives done by numpy (Max, wrapping Sum)."""
-    how = Sum(dtype, pre, post)
+    how = Reduction(dtype, pre, post)
     lay = fixed_point.LAYOUTS[dtype]
     n = inputs[0].size
     fields = []
@@ -133,13 +133,18 @@ def test_the_world_limit_and_bad_types_name_themselves():
     with pytest.raises(ValueError, match="16384"):
         fixed_point.check_world(fixed_point.MAX_RANKS + 1)
     with pytest.raises(TypeError, match="'int32'"):
-        Sum("int32")
+        Reduction("int32")
+    with pytest.raises(ValueError, match="ADASUM"):
+        Reduction("float32", op=reference.ReduceOp.ADASUM)
+    how = Reduction("float32", op=reference.ReduceOp.MAX)
+    with pytest.raises(ValueError, match="MAX"):
+        fixed_point.allreduce(np.ones(3, np.float32), np.ones(3, np.float32), how, None)
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
 def test_the_rank_order_fold_is_the_reference_fold(dtype):
     inputs = hard_inputs(3, 3001, dtype, seed=9)
     out = np.empty_like(inputs[0])
-    ordered.fold(out, inputs, Sum(dtype, 0.5, 1 / 3), Scratch())
+    ordered.fold(out, inputs, Reduction(dtype, 0.5, 1 / 3), Scratch())
     want = reference.reduce(inputs, dtype, reference.ReduceOp.SUM, 0.5, 1 / 3)
     assert out.tobytes() == want.tobytes()

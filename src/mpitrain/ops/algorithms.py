@@ -22,8 +22,9 @@ machine (the table is in the README).  A forced algorithm that cannot run on thi
 falls back to the nearest one that can (``shm`` across nodes becomes ``hierarchical``;
 ``hierarchical`` without cross-memory attach becomes ``ring``).
 
-With ``MPITRAIN_DETERMINISTIC`` set, floating-point Sums (allreduce and reducescatter) leave
-the table for :mod:`.deterministic`, which gives the same bits whatever would be chosen here.
+With ``MPITRAIN_DETERMINISTIC`` set, elementwise floating-point reductions (allreduce and
+reducescatter) leave the table for :mod:`.deterministic`, which gives the same bits whatever
+would be chosen here.
 
 Broadcast and allgather use shared memory on one node from :data:`SHM_MIN_BYTES`;
 reducescatter from the allreduce crossover (its shared-memory path is the first half of the
@@ -41,10 +42,10 @@ import numpy as np
 from ..dtypes import ReduceOp
 from . import adasum, channels, deterministic, hierarchical, mpi, ring, shm
 from .calibration import Calibration
-from .float_sum import Sum
 from .group import Group
 from .kernels import cpu
 from .mpi import allgather_int, alltoall, alltoall_int, barrier
+from .reduction import Reduction
 
 # Measured crossover (benchmarks/allreduce.py, five runs on the 2-core machine, shared with
 # other jobs, see README): the size from which shm/hierarchical beat MPI's Allreduce at every
@@ -227,7 +228,7 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
         return
     if deterministic.applies(group, dtype, op):
         deterministic.allreduce(_route(group, algorithm, streams), send, recv,
-                                Sum(dtype, prescale, postscale))
+                                Reduction(dtype, prescale, postscale, op))
         return
     narrow = dtype in WIDENED_BY_MPI
     nbytes = choice_bytes(send.nbytes, dtype)
@@ -315,7 +316,7 @@ def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequ
         return
     if deterministic.applies(group, dtype, op):
         deterministic.reducescatter(_route(group, None, None), send, recv, counts,
-                                    Sum(dtype, prescale, postscale))
+                                    Reduction(dtype, prescale, postscale, op))
         return
     node = _shm_node(group, send.nbytes, MPI_MAX_BYTES)
     if node is None:

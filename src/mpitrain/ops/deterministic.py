@@ -1,16 +1,19 @@
-"""Which deterministic design runs a floating-point Sum (``MPITRAIN_DETERMINISTIC``).
+"""Which deterministic design runs a floating-point reduction (``MPITRAIN_DETERMINISTIC``).
 
-With the mode off nothing here runs.  With it on, :mod:`.algorithms` hands every
-floating-point Sum (Average is a Sum with a postscale) here instead of to its table, and the
-result depends only on each rank's input and the rank order, whatever the fusion (elements
-are reduced one by one, so where a tensor lies in a bucket does not matter), the algorithm
-asked for (autotune's included), the channels, the node layout and the timing:
+With the mode off nothing here runs.  With it on, :mod:`.algorithms` hands every elementwise
+floating-point reduction (Sum, Average as a Sum with a postscale, Min, Max, Product) here
+instead of to its table, and the result depends only on each rank's input and the rank
+order, whatever the fusion (elements are reduced one by one, so where a tensor lies in a
+bucket does not matter), the algorithm asked for (autotune's included), the channels, the node
+layout and the timing:
 
 * ``rank-order`` (:mod:`.ordered`): folded in rank order; the requested algorithm is not
   used, the channels are;
-* ``fixed-point`` (:mod:`.fixed_point`): summed as integers, through whichever algorithm the
-  table picks for those integers (all are exact on them); also independent of the rank
-  order and the world size.
+* ``fixed-point`` (:mod:`.fixed_point`): Sums as integers, through whichever algorithm the
+  table picks for those integers (all are exact on them), so also independent of the rank
+  order and the world size; Min, Max and Product folded in rank order as above (Min and Max
+  of numbers do not depend on the order at all; NaN and the sign of a zero would, in MPI's
+  own; a Product's rounding does).
 
 Every rank computes the same route from the same inputs (the agreed configuration, the size,
 the agreed topology), so the collectives match.
@@ -23,11 +26,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import ReduceOp
+from ..dtypes import FLOATING, ReduceOp
 from . import channels, fixed_point, ordered
-from .float_sum import Sum
 from .group import Group
 from .kernels import cpu
+from .reduction import ELEMENTWISE, Reduction
 from .scratch import Scratch
 from .shm import Node
 
@@ -67,7 +70,11 @@ class _Integers:
 
 def applies(group: Group, dtype: str, op: ReduceOp) -> bool:
     """Whether this reduction takes a deterministic route (the same answer on every rank)."""
-    return bool(group.config.deterministic) and op == ReduceOp.SUM and dtype in fixed_point.LAYOUTS
+    return bool(group.config.deterministic) and dtype in FLOATING and op in ELEMENTWISE
+
+
+def _fixed(group: Group, how: Reduction) -> bool:
+    return group.config.deterministic == "fixed-point" and how.op == ReduceOp.SUM
 
 
 def _node(group: Group) -> Node | None:
@@ -77,10 +84,10 @@ def _node(group: Group) -> Node | None:
     return group.node()
 
 
-def allreduce(route: Route, send: np.ndarray, recv: np.ndarray, how: Sum) -> None:
-    """The deterministic sum of ``send`` over the route's group into ``recv``."""
+def allreduce(route: Route, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
+    """The deterministic reduction of ``send`` over the route's group into ``recv``."""
     group = route.group
-    if group.config.deterministic == "fixed-point":
+    if _fixed(group, how):
         fixed_point.check_world(group.size)
         fixed_point.allreduce(send, recv, how, _Integers(route, group.workspace("fixed")))
         return
@@ -97,10 +104,10 @@ def allreduce(route: Route, send: np.ndarray, recv: np.ndarray, how: Sum) -> Non
 
 
 def reducescatter(route: Route, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
-                  how: Sum) -> None:
-    """Rank i keeps the deterministic sum of block i (``counts[i]`` elements) in ``recv``."""
+                  how: Reduction) -> None:
+    """Rank i keeps the deterministic reduction of block i (``counts[i]`` elements)."""
     group = route.group
-    if group.config.deterministic == "fixed-point":
+    if _fixed(group, how):
         fixed_point.check_world(group.size)
         fixed_point.reducescatter(send, recv, counts, group.rank, how,
                                   _Integers(route, group.workspace("fixed")))

@@ -47,9 +47,9 @@ import numpy as np
 
 from ..dtypes import STORAGE, ReduceOp
 from . import reference as plain
-from .float_sum import Sum
 from .kernels import cpu
 from .kernels import fixed_point as kernels
+from .reduction import Reduction
 from .scratch import Scratch
 
 HEADROOM_BITS = 14
@@ -101,15 +101,16 @@ def check_world(size: int) -> None:
                          f"exactly, this job has {size}; use rank-order")
 
 
-def layout(how: Sum) -> Layout:
+def layout(how: Reduction) -> Layout:
     return LAYOUTS[how.dtype]
 
 
-def allreduce(send: np.ndarray, recv: np.ndarray, how: Sum, net: IntegerCollectives) -> None:
+def allreduce(send: np.ndarray, recv: np.ndarray, how: Reduction, net: IntegerCollectives) -> None:
     """Sum ``send`` over the group into ``recv`` (which may be ``send``), order-free.
 
     Every rank of the group must call this, in the same order, with the same ``how``.
     """
+    _check_sum(how)
     n = send.size
     if n == 0:
         return
@@ -122,8 +123,9 @@ def allreduce(send: np.ndarray, recv: np.ndarray, how: Sum, net: IntegerCollecti
 
 
 def reducescatter(send: np.ndarray, recv: np.ndarray, counts: Sequence[int], rank: int,
-                  how: Sum, net: IntegerCollectives) -> None:
+                  how: Reduction, net: IntegerCollectives) -> None:
     """Rank ``rank`` keeps the order-free sum of block ``rank`` (``counts[rank]`` long)."""
+    _check_sum(how)
     n = send.size
     if n == 0:
         return
@@ -139,6 +141,11 @@ def reducescatter(send: np.ndarray, recv: np.ndarray, counts: Sequence[int], ran
     decode(mine, exps[lo:lo + counts[rank]], how, recv, net.scratch)
 
 
+def _check_sum(how: Reduction) -> None:
+    if how.op != ReduceOp.SUM:
+        raise ValueError(f"the fixed-point sum sums; {how.op!r} goes to the rank-order fold")
+
+
 def _buffers(scratch: Scratch, lay: Layout, n: int) -> tuple[np.ndarray, np.ndarray]:
     return (scratch.get("fixed.exps", n, STORAGE[lay.exps]),
             scratch.get("fixed.words", n * lay.words, STORAGE[lay.word]))
@@ -148,11 +155,11 @@ def _chunks(n: int) -> range:
     return range(0, n, _CHUNK)
 
 
-def _prescale(how: Sum) -> np.floating:
+def _prescale(how: Reduction) -> np.floating:
     return np.float64(how.prescale) if how.dtype == "float64" else np.float32(how.prescale)
 
 
-def exponents(send: np.ndarray, how: Sum, exps: np.ndarray) -> None:
+def exponents(send: np.ndarray, how: Reduction, exps: np.ndarray) -> None:
     """Step 1 on this rank: the exponent field of every prescaled element."""
     pre = _prescale(how)
     if how.dtype == "float64":
@@ -168,7 +175,7 @@ def exponents(send: np.ndarray, how: Sum, exps: np.ndarray) -> None:
         kernels.exponents32(tmp[:e - s], pre, exps[s:e])
 
 
-def encode(send: np.ndarray, how: Sum, exps: np.ndarray, words: np.ndarray) -> None:
+def encode(send: np.ndarray, how: Reduction, exps: np.ndarray, words: np.ndarray) -> None:
     """Step 2 on this rank: every element as integers on the agreed exponents."""
     pre, bits = _prescale(how), layout(how).frac_bits
     if how.dtype == "float64":
@@ -185,7 +192,7 @@ def encode(send: np.ndarray, how: Sum, exps: np.ndarray, words: np.ndarray) -> N
         kernels.encode32(tmp[:e - s], pre, exps[s:e], bits, words[s:e])
 
 
-def decode(words: np.ndarray, exps: np.ndarray, how: Sum, out: np.ndarray,
+def decode(words: np.ndarray, exps: np.ndarray, how: Reduction, out: np.ndarray,
            scratch: Scratch) -> None:
     """Step 3: the summed integers back to the element type, postscaled, into ``out``."""
     bits = layout(how).frac_bits

@@ -1,9 +1,11 @@
-"""Rank-order sums: every element folded over the ranks in rank order, once, on any layout.
+"""Rank-order reductions: every element folded over the ranks in rank order, once, on any layout.
 
-``MPITRAIN_DETERMINISTIC=rank-order``.  The result of element i is always
+``MPITRAIN_DETERMINISTIC=rank-order`` (and every floating-point Min, Max and Product in either
+deterministic design).  The result of element i of a Sum is always
 ``post * (((pre*x0[i] + pre*x1[i]) + pre*x2[i]) + ...)`` accumulated in float32 (float16,
-bfloat16, float32) or float64, rounded once to the element type: the single-copy shared-memory
-algorithm's arithmetic (:mod:`.shm`, whose slices fold their sources in rank order), wherever
+bfloat16, float32) or float64, rounded once to the element type (Min, Max and Product fold the
+same way, NaN winning as in :mod:`.reference`): the single-copy shared-memory algorithm's
+arithmetic (:mod:`.shm`, whose slices fold their sources in rank order), wherever
 the ranks are and however the bucket was cut.  Every fold runs through
 :func:`mpitrain.ops.kernels.cpu.reduce_chunks` with the sources in rank order, so all the
 paths below give the same bits:
@@ -28,10 +30,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..dtypes import ReduceOp
 from . import shm
-from .float_sum import Sum
 from .kernels import cpu
+from .reduction import Reduction
 from .scratch import Scratch
 from .slices import balanced
 
@@ -41,8 +42,8 @@ GATHER_MAX_BYTES = 256 << 10
 
 
 def allreduce(comm: Any, node: shm.Node | None, send: np.ndarray, recv: np.ndarray,
-              how: Sum, ws: Scratch) -> None:
-    """Rank-order sum of ``send`` over ``comm`` into ``recv`` (which may be ``send``).
+              how: Reduction, ws: Scratch) -> None:
+    """Rank-order reduction of ``send`` over ``comm`` into ``recv`` (which may be ``send``).
 
     Args:
         node: this node's shared-memory state when every rank of ``comm`` is on it (node
@@ -58,7 +59,7 @@ def allreduce(comm: Any, node: shm.Node | None, send: np.ndarray, recv: np.ndarr
     if p * send.nbytes <= GATHER_MAX_BYTES:
         _gather_fold(comm, send, recv, how, ws)
     elif node is not None:
-        shm.allreduce(node, send, recv, how.dtype, ReduceOp.SUM, how.prescale, how.postscale)
+        shm.allreduce(node, send, recv, how.dtype, how.op, how.prescale, how.postscale)
     else:
         ranges = balanced(send.size, p)
         lo, hi = ranges[comm.Get_rank()]
@@ -67,32 +68,32 @@ def allreduce(comm: Any, node: shm.Node | None, send: np.ndarray, recv: np.ndarr
 
 
 def reducescatter(comm: Any, node: shm.Node | None, send: np.ndarray, recv: np.ndarray,
-                  counts: Sequence[int], how: Sum, ws: Scratch) -> None:
-    """Rank i keeps the rank-order sum of block i (``counts[i]`` elements) in ``recv``."""
+                  counts: Sequence[int], how: Reduction, ws: Scratch) -> None:
+    """Rank i keeps the rank-order reduction of block i (``counts[i]`` elements) in ``recv``."""
     if send.size == 0:
         return
     if comm.Get_size() == 1:
         fold(recv, [send], how, ws)
     elif node is not None:
-        shm.reducescatter(node, send, recv, counts, how.dtype, ReduceOp.SUM, how.prescale,
+        shm.reducescatter(node, send, recv, counts, how.dtype, how.op, how.prescale,
                           how.postscale)
     else:
         reduce_slices(comm, send, counts, recv, how, ws)
 
 
-def fold(out: np.ndarray, sources: Sequence[np.ndarray], how: Sum, ws: Scratch) -> None:
-    """``out = post * fold(pre * sources)``, sources in rank order, chunk by chunk."""
+def fold(out: np.ndarray, sources: Sequence[np.ndarray], how: Reduction, ws: Scratch) -> None:
+    """``out = post * OP-fold(pre * sources)``, sources in rank order, chunk by chunk."""
     n = out.size
     step = max(1, cpu.CHUNK_BYTES // out.itemsize)
     acc = ws.get("ordered.acc", min(step, n), cpu.acc_dtype(how.dtype))
     tmp = ws.get("ordered.tmp", min(step, n), np.dtype(np.float32))
     for s in range(0, n, step):
         e = min(s + step, n)
-        cpu.reduce_chunks(out[s:e], [x[s:e] for x in sources], how.dtype, ReduceOp.SUM,
+        cpu.reduce_chunks(out[s:e], [x[s:e] for x in sources], how.dtype, how.op,
                           how.prescale, how.postscale, acc, tmp)
 
 
-def _gather_fold(comm: Any, send: np.ndarray, recv: np.ndarray, how: Sum, ws: Scratch) -> None:
+def _gather_fold(comm: Any, send: np.ndarray, recv: np.ndarray, how: Reduction, ws: Scratch) -> None:
     p, n = comm.Get_size(), send.size
     gathered = ws.get("ordered.gathered", p * n, send.dtype)[:p * n]
     comm.Allgather([send.view(np.uint8), MPI.BYTE], [gathered.view(np.uint8), MPI.BYTE])
@@ -100,7 +101,7 @@ def _gather_fold(comm: Any, send: np.ndarray, recv: np.ndarray, how: Sum, ws: Sc
 
 
 def reduce_slices(comm: Any, send: np.ndarray, counts: Sequence[int], out: np.ndarray,
-                  how: Sum, ws: Scratch) -> None:
+                  how: Reduction, ws: Scratch) -> None:
     """The direct reduce-scatter: rank j folds block j (``counts[j]`` long) of every rank."""
     p, r = comm.Get_size(), comm.Get_rank()
     size = send.itemsize

@@ -15,12 +15,13 @@ reaches that point in the same order, so the communicators it duplicates match).
 
 A single tensor that the transport can reduce where it lies skips steps 1 and 3.
 
-With ``MPITRAIN_DETERMINISTIC`` a floating-point Sum gives the CPU data plane's bits:
-``fixed-point`` packs the bucket into scratch, turns it into integers on the device
+With ``MPITRAIN_DETERMINISTIC`` a floating-point reduction gives the CPU data plane's bits:
+``fixed-point`` packs a Sum's bucket into scratch, turns it into integers on the device
 (:mod:`.fixed_point`), reduces the exponents and the integers through step 2 as it would any
-integer bucket (every transport is exact on them) and turns them back; ``rank-order`` stages
-every bucket through the host, where the CPU's rank-order sum folds it (the device kernels
-would round a prescaled sum differently: see :mod:`.kernels` on fused multiply-adds).
+integer bucket (every transport is exact on them) and turns them back, and folds a Min, Max or
+Product on host copies; ``rank-order`` stages every bucket through the host, where the CPU's
+rank-order fold reduces it (the device kernels would round a prescaled sum differently: see
+:mod:`.kernels` on fused multiply-adds).
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from .. import fixed_point as fixed_spec
 from .. import mpi as mpi_ops
 from .. import ordered
 from ..algorithms import allreduce as host_allreduce
-from ..float_sum import Sum
 from ..group import Group
+from ..reduction import Reduction
 from ..scratch import Scratch
 from . import fixed_point, ipc, kernels, streams, transport
 from .pack import Packer
@@ -232,9 +233,10 @@ class DeviceGroup:
                 # streams=1: the device channels already run in parallel; no nested split.
                 host_allreduce(self.group, host, host, dtype, op, prescale, postscale,
                                streams=1)
-            elif self.rank_order and dtype in FLOATING and op == ReduceOp.SUM:
+            elif self.rank_order and dtype in FLOATING:
                 ws = self._host_scratch.setdefault(channel.index, Scratch())
-                ordered.allreduce(comm, None, host, host, Sum(dtype, prescale, postscale), ws)
+                ordered.allreduce(comm, None, host, host,
+                                  Reduction(dtype, prescale, postscale, op), ws)
             else:
                 mpi_ops.allreduce(host_group, host, host, dtype, op, prescale, postscale)
 
@@ -282,16 +284,33 @@ class DeviceGroup:
         if count == 0:
             return
         with self.on_device():
-            if (self.group.config.deterministic == "fixed-point" and op == ReduceOp.SUM
-                    and dtype in FLOATING):
-                fixed_spec.check_world(self.group.size)
-                self._fixed_point(inputs, outputs, Sum(dtype, prescale, postscale), ready,
-                                  framework_streams)
+            if self.group.config.deterministic == "fixed-point" and dtype in FLOATING:
+                how = Reduction(dtype, prescale, postscale, op)
+                if op == ReduceOp.SUM:
+                    fixed_spec.check_world(self.group.size)
+                    self._fixed_point(inputs, outputs, how, ready, framework_streams)
+                else:
+                    self._folded_on_host(inputs, outputs, how, ready)
                 return
             self._allreduce(inputs, outputs, storage, count, dtype, op, prescale, postscale,
                             ready, framework_streams)
 
-    def _fixed_point(self, inputs: Sequence[Any], outputs: Sequence[Any], how: Sum,
+    def _folded_on_host(self, inputs: Sequence[Any], outputs: Sequence[Any], how: Reduction,
+                        ready: Sequence[Any]) -> None:
+        """A floating Min, Max or Product in fixed-point mode: the CPU's rank-order fold on
+        host copies (rare buckets; the device kernels' order would depend on the transport)."""
+        for event in ready:
+            self.backend.host_wait(event)  # the producer's writes, before the download
+        hosts = [self.cupy.asnumpy(x).reshape(-1) for x in inputs]
+        fused = np.concatenate(hosts)
+        host_allreduce(self.group, fused, fused, how.dtype, how.op, how.prescale, how.postscale)
+        offset = 0
+        for out, host in zip(outputs, hosts):
+            out.set(fused[offset:offset + host.size].reshape(out.shape))
+            offset += host.size
+        self.cupy.cuda.get_current_stream().synchronize()  # the uploads, before step() reads
+
+    def _fixed_point(self, inputs: Sequence[Any], outputs: Sequence[Any], how: Reduction,
                      ready: Sequence[Any], framework_streams: Sequence[Any]) -> None:
         """The fixed-point sum of a bucket: encoded on the device, its exponents and integers
         reduced as integer buckets, decoded (see the module docstring)."""
