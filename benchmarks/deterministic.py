@@ -36,6 +36,9 @@ KiB, MiB = 1 << 10, 1 << 20
 DEFAULT_SIZES = [64 * KiB, 4 * MiB, 64 * MiB]
 CONFIGS = {"2": (2, {}), "4": (4, {}), "2x2": (4, {"MPITRAIN_LOCAL_SIZE": "2"})}
 CONTENDERS = ("mpi4py", "default", "rank-order", "fixed-point")
+# Calls before timing: across nodes auto calibrates on the first allreduces of each size (at
+# most calibration.TRIALS calls of three contenders, then of two again: 15); steady state after.
+WARMUP = 16
 # Bytes handed to collectives per byte of a float32 buffer.
 PAYLOAD = {"mpi4py": 1.0, "default": 1.0, "rank-order": 1.0, "fixed-point": (1 + 8) / 4}
 
@@ -79,9 +82,9 @@ def worker(sizes: list[int], rounds: int, result: str) -> int:
     for nbytes in sizes:
         src = rng.normal(size=nbytes // 4).astype(np.float32)
         out = np.empty_like(src)
-        for name in CONTENDERS:  # warm-up: kernels compiled, buffers and windows grown
-            call(name, src, out)
-            call(name, src, out)
+        for name in CONTENDERS:  # warm-up: kernels compiled, buffers and windows grown, and
+            for _ in range(WARMUP):  # across nodes auto's calibration done
+                call(name, src, out)
         for _ in range(rounds):
             for name in CONTENDERS:
                 for _ in range(_iters(nbytes)):
