@@ -22,8 +22,8 @@ constant, so that a world of 3 ranks quantizes exactly as a world of 300 does:
   rounded remaining 49 bits (18 bytes instead of 8), interleaved per element.
 
 What it costs in accuracy: a rank's value is rounded to a multiple of ``2**(e - F)``, so each
-element's error is at most ``p * 2**(e - F - 1)``, i.e. ``p * 2**-18`` (16-bit types),
-``p * 2**-50`` (float32) or ``p * 2**-99`` (float64) times the largest magnitude any rank held
+element's error is at most ``p * 2**(e - F - 1)``, i.e. at most ``p * 2**-17`` (16-bit types),
+``p * 2**-49`` (float32) or ``p * 2**-98`` (float64) times the largest magnitude any rank held
 there, plus the final rounding.  Values within ``F - 24`` binades of that largest one (25 for
 float32, whose values have 24 bits) convert exactly: for float32 gradients the result is then
 the exact sum rounded once, better than any order of float32 additions.
