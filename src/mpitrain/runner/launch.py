@@ -27,7 +27,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from . import allocation, build_info
+from . import allocation, build_info, rdzv_launch
 from .discovery import Blacklist, DiscoveryError, DiscoveryScript
 from .discovery import place as place_on_hosts
 from .elastic_driver import DriverOptions, ElasticDriver, forwarding_signals, layout_string
@@ -49,6 +49,8 @@ from .mpi_command import (
     find_launcher,
     forwarded_names,
 )
+from .rdzv_options import RendezvousOptions, rendezvous_options
+from .rdzv_wire import SECRET_VARIABLE
 
 _OVERSUBSCRIBE_FLAGS = ("--oversubscribe", "-oversubscribe")
 
@@ -309,6 +311,42 @@ def _default_launcher(mpi: str, environ: Mapping[str, str]) -> str:
         return "mpirun" if mpi == "openmpi" else "mpiexec"
 
 
+def _rendezvous(args: argparse.Namespace, opts: RendezvousOptions,
+                env: Mapping[str, str]) -> int:
+    """``--rdzv-endpoint``: this process is one node's agent (:mod:`.rdzv_launch`); the agent
+    that serves the rendezvous runs the launcher planned here, as any other launch."""
+    command = list(args.command)
+    if command and command[0].endswith(".py"):
+        command.insert(0, sys.executable)  # torchrun's habit: a script runs under this Python
+    job_env = {k: v for k, v in env.items() if k != SECRET_VARIABLE}  # never forwarded
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    try:
+        launcher = args.mpirun or _default_launcher(args.mpi, env)
+        flavor = Flavor(args.mpi) if args.mpi != "auto" else detect_flavor(launcher)
+
+        def plan(hosts: str, np: int, ssh: str) -> Plan:
+            placed = argparse.Namespace(**vars(args))
+            placed.hosts, placed.np, placed.command, placed.launcher = hosts, np, command, \
+                "mpirun"
+            placed.mpi_args = shlex.join(rdzv_launch.launcher_args(flavor, ssh)) + " " + \
+                args.mpi_args
+            return make_plan(placed, job_env, flavor, launcher, _cores(), as_root)
+
+        # Planned now, on stand-in node names, so that a bad option fails before any waiting
+        # (and so that --dry-run shows the command).
+        first = plan(rdzv_launch.host_list([(f"NODE{i}", opts.nproc)
+                                            for i in range(opts.nnodes)]),
+                     opts.nnodes * opts.nproc, "RDZV_SSH")
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"mpitrainrun: error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(shlex.join(first.argv))
+        return 0
+    return rdzv_launch.run(opts, env, flavor, lambda h, n, s: plan(h, n, s).argv,
+                           elastic=first.in_place, verbose=args.verbose)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of ``mpitrainrun``; returns the job's exit code (2 for usage errors)."""
     parser = build_parser()
@@ -319,6 +357,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 0
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    try:
+        rendezvous = rendezvous_options(args)
+    except ValueError as exc:
+        print(f"mpitrainrun: error: {exc}", file=sys.stderr)
+        return 2
+    if rendezvous is not None:
+        return _rendezvous(args, rendezvous, env)
     try:
         hosts_given = args.hosts is not None or args.hostfile is not None
         alloc = None if hosts_given else allocation.detect(env)
