@@ -12,6 +12,7 @@ agent stops the daemons it started, so no MPI process outlives it on this node.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import queue
 import secrets
@@ -35,7 +36,9 @@ from .rdzv_wire import Refused, WireError, client_handshake
 VERDICT_GRACE_S = 10.0
 # How long a daemon may take to exit after the job ended or after SIGTERM, before SIGKILL.
 DAEMON_GRACE_S = 5.0
-RETRY_S = 1.0
+# Retrying a refused connection: soon at first (the serving agent is usually a moment
+# behind, started by the same scheduler at the same time), then at most once a second.
+RETRY_FIRST_S, RETRY_MAX_S = 0.05, 1.0
 
 
 class RendezvousFailed(RuntimeError):
@@ -68,12 +71,14 @@ class NodeAgent:
 
     Args:
         daemon_env: the environment daemons start with (the secret already removed).
+        local_addr: the address to connect from, and so this node's address in the job
+            (default: whichever the route to the endpoint uses).
     """
 
     def __init__(self, host: str, port: int, rdzv_id: str, secret: bytes, nnodes: int,
                  nproc: int, wanted_rank: int | None, serving: bool, deadline: float,
                  heartbeat_timeout_s: float, daemon_env: Mapping[str, str],
-                 log: Callable[[str], None]) -> None:
+                 log: Callable[[str], None], local_addr: str | None = None) -> None:
         self.host, self.port = host, port
         self.where = f"{host}:{port}"
         self.rdzv_id, self.secret, self.nnodes = rdzv_id, secret, nnodes
@@ -82,6 +87,7 @@ class NodeAgent:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.daemon_env = dict(daemon_env)
         self.log = log
+        self.local_addr = local_addr
         self.id = secrets.token_hex(8)
         self.assignment: Assignment | None = None
         self._inbox: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -95,20 +101,27 @@ class NodeAgent:
         """Connect to the endpoint, retrying until the deadline (its agent may start later)."""
         last: str = "not tried"
         announced = False
+        pause = RETRY_FIRST_S
         while True:
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise RendezvousFailed(f"could not reach the rendezvous at {self.where} within "
                                        f"the --rdzv-timeout (last: {last})")
             try:
-                sock = socket.create_connection((self.host, self.port), timeout=min(5.0, left))
+                source = (self.local_addr, 0) if self.local_addr else None
+                sock = socket.create_connection((self.host, self.port), timeout=min(5.0, left),
+                                                source_address=source)
                 return sock, sock.getsockname()[0]
             except OSError as exc:  # refused, unreachable, not resolvable yet
+                if exc.errno == errno.EADDRNOTAVAIL and self.local_addr:
+                    raise RendezvousFailed(f"--local-addr {self.local_addr} is not an address "
+                                           "of this machine") from None
                 last = exc.strerror or str(exc)
                 if not announced:
                     self.log(f"waiting for the rendezvous at {self.where} ({last})")
                     announced = True
-            time.sleep(min(RETRY_S, max(0.0, self.deadline - time.monotonic())))
+            time.sleep(min(pause, max(0.0, self.deadline - time.monotonic())))
+            pause = min(2 * pause, RETRY_MAX_S)
 
     def join(self) -> Assignment:
         """Join and wait until every node has; return this node's assignment.
@@ -131,7 +144,7 @@ class NodeAgent:
                 # Not our server yet (a port scanner, a server still starting): try again.
                 sock.close()
                 self.log(f"rendezvous at {self.where}: {exc}; retrying")
-                time.sleep(RETRY_S)
+                time.sleep(RETRY_MAX_S)
         self._link = Link(channel, self._on_message, self._on_end, self.heartbeat_timeout_s)
         self._link.start()
         limit = self.deadline + VERDICT_GRACE_S
@@ -150,8 +163,8 @@ class NodeAgent:
                 nodes = [Node.from_hello(n) for n in body["nodes"]]
                 self.assignment = Assignment(int(body["rank"]), nodes, int(body["launcher"]))
                 return self.assignment
-            elif kind == "refused":
-                raise RendezvousFailed(f"{describe(node)}: {body['reason']}")
+            elif kind == "refused":  # the reason names this node
+                raise RendezvousFailed(str(body["reason"]))
             elif kind == "done":
                 raise RendezvousFailed(str(body.get("message") or "the rendezvous ended"),
                                        int(body.get("code") or 1))

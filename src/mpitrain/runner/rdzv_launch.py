@@ -9,7 +9,7 @@ this agent:
    (:mod:`.rdzv_agent`) and says who it is.  Once all ``--nnodes`` have come the server fixes
    the node ranks.
 2. The serving agent runs the MPI launcher over the nodes' addresses, with our ssh
-   (:mod:`.rdzv_remote`) as its remote-launch program: each node's daemon command travels
+   (:mod:`.rdzv_ssh`, :mod:`.rdzv_shell`) as its remote-launch program: each node's daemon command travels
    over the rendezvous connection to that node's agent, which checks it
    (:mod:`.rdzv_command`) and starts it.  From there on it is an ordinary MPI job: ranks,
    local ranks, the topology are the launcher's.
@@ -36,9 +36,9 @@ from typing import Any
 from .mpi_command import Flavor
 from .rdzv_agent import NodeAgent, RendezvousFailed, exit_code
 from .rdzv_options import RendezvousOptions
-from .rdzv_remote import RemoteShell
 from .rdzv_server import RendezvousServer
 from .rdzv_session import kill_session
+from .rdzv_shell import RemoteShell
 from .rdzv_wire import SECRET_VARIABLE, secret_from
 
 # When a node is lost, the MPI launcher usually notices too and ends the job itself, which is
@@ -153,7 +153,7 @@ def run(opts: RendezvousOptions, environ: Mapping[str, str], flavor: Flavor,
                                opts.heartbeat_timeout_s, log) if listener else None)
     agent = NodeAgent(opts.host, opts.port, opts.rdzv_id, secret, opts.nnodes, opts.nproc,
                       opts.node_rank, server is not None, deadline, opts.heartbeat_timeout_s,
-                      job_env, log)
+                      job_env, log, opts.local_addr)
     if server is not None:
         server.start(agent.id)
         log(f"serving rendezvous {opts.rdzv_id!r} for {opts.nnodes} node(s) on port "

@@ -24,7 +24,8 @@ CONF_KEYS = ("join_timeout", "is_host", "heartbeat_timeout")
 # (dest, flag) of every rendezvous option, for "X needs --rdzv-endpoint" messages.
 _FLAGS = (("nnodes", "--nnodes"), ("nproc_per_node", "--nproc-per-node"),
           ("rdzv_id", "--rdzv-id"), ("node_rank", "--node-rank"),
-          ("rdzv_timeout", "--rdzv-timeout"), ("rdzv_backend", "--rdzv-backend"),
+          ("rdzv_timeout", "--rdzv-timeout"), ("local_addr", "--local-addr"),
+          ("rdzv_backend", "--rdzv-backend"),
           ("rdzv_conf", "--rdzv-conf"))
 # Options of the launch with a host list that a rendezvous decides itself.
 _EXCLUSIVE = (("np", "-np", "the rendezvous starts --nnodes x --nproc-per-node processes"),
@@ -95,6 +96,9 @@ def add_rendezvous_options(parser: argparse.ArgumentParser) -> None:
                        metavar="S", help="give up when not all N agents have come within S "
                                          f"seconds of this one's start (default "
                                          f"{DEFAULT_TIMEOUT_S:g})")
+    group.add_argument("--local-addr", "--local_addr", dest="local_addr", metavar="ADDR",
+                       help="this node's address for the job (default: the one its route to "
+                            "the endpoint uses); on a node with several networks, pick one")
     group.add_argument("--rdzv-backend", "--rdzv_backend", dest="rdzv_backend",
                        choices=("c10d",),
                        help="accepted for torchrun's task lines; mpitrain's own rendezvous "
@@ -119,6 +123,7 @@ class RendezvousOptions:
     timeout_s: float
     heartbeat_timeout_s: float
     is_host: bool | None  # None: decide by the endpoint's address and --node-rank
+    local_addr: str | None = None
 
     @property
     def endpoint(self) -> str:
@@ -236,7 +241,7 @@ def rendezvous_options(args: argparse.Namespace) -> RendezvousOptions | None:
         nnodes=args.nnodes, nproc=args.nproc_per_node, host=host, port=port,
         rdzv_id=args.rdzv_id if args.rdzv_id is not None else DEFAULT_ID,
         node_rank=args.node_rank, timeout_s=timeout if timeout is not None else DEFAULT_TIMEOUT_S,
-        heartbeat_timeout_s=heartbeat, is_host=is_host)
+        heartbeat_timeout_s=heartbeat, is_host=is_host, local_addr=args.local_addr)
 
 
 __all__ = ["CONF_KEYS", "DEFAULT_ID", "DEFAULT_PORT", "DEFAULT_TIMEOUT_S", "RendezvousOptions",

@@ -19,7 +19,9 @@ PROC = Path("/proc")
 
 
 def session_members(sid: int, proc: Path = PROC) -> list[int]:
-    """The pids of the live processes in session ``sid`` (Linux; empty elsewhere)."""
+    """The pids of the live processes in session ``sid`` (Linux; empty elsewhere).  Zombies
+    are dead already (waiting for a parent, or an init that may never reap them) and left
+    out."""
     found = []
     for entry in proc.glob("[0-9]*"):
         try:
@@ -28,7 +30,7 @@ def session_members(sid: int, proc: Path = PROC) -> list[int]:
             continue  # it exited meanwhile
         # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
         fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 3 and fields[3] == str(sid):
+        if len(fields) > 3 and fields[3] == str(sid) and fields[0] != "Z":
             found.append(int(entry.name))
     return found
 

@@ -1,13 +1,12 @@
-"""The ssh the MPI launcher runs in a rendezvous job, and its other end.
+"""The server end of the ssh the MPI launcher runs in a rendezvous job.
 
 Open MPI's ``plm_ssh_agent`` and MPICH's ``-launcher-exec`` accept any program called as
-``PROGRAM [ssh options] HOST COMMAND...``.  Ours (a two-line script running
-``python -m mpitrain.runner.rdzv_remote --socket PATH ...``) hands COMMAND for HOST to the
-rendezvous server in the launcher's own process, which passes it to that node's agent over the
-rendezvous connection, and exits with the command's exit code, as ssh would; when the launcher
-kills it, the node's agent stops the command.
+``PROGRAM [ssh options] HOST COMMAND...``.  Ours is a two-line script running
+:mod:`.rdzv_ssh`, which hands COMMAND for HOST to this end; this end asks the rendezvous
+server to have that node's agent run it, and answers with its exit code.  When the launcher
+kills our ssh, the node's agent stops the command.
 
-It reaches the server through a Unix socket in a directory that :func:`tempfile.mkdtemp`
+Our ssh reaches this end through a Unix socket in a directory that :func:`tempfile.mkdtemp`
 creates for this user alone (mode 0700): the only processes that can ask for a command are
 this user's on this machine, which could run it themselves anyway.  Nothing that reaches the
 rendezvous port over the network can.
@@ -23,12 +22,10 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
+from pathlib import Path
 
 from .rdzv_wire import WireError, recv_json, send_json
-
-# ssh's exit status when it cannot run the command at all.
-SSH_FAILURE = 255
 
 
 class RemoteShell:
@@ -43,13 +40,16 @@ class RemoteShell:
 
     def __init__(self, launch: Callable[[str, str, threading.Event], int],
                  python: str = sys.executable) -> None:
+        program = Path(__file__).with_name("rdzv_ssh.py")
         self.launch = launch
         self.dir = tempfile.mkdtemp(prefix="mpitrain-rdzv-")
         self.socket_path = os.path.join(self.dir, "launch.sock")
         self.program = os.path.join(self.dir, "ssh")
         with open(self.program, "w") as script:
-            script.write(f"#!/bin/sh\nexec {shlex.quote(python)} -m mpitrain.runner.rdzv_remote "
-                         f"--socket {shlex.quote(self.socket_path)} \"$@\"\n")
+            # -S -E: our ssh needs only the standard library (see rdzv_ssh).
+            script.write(f"#!/bin/sh\nexec {shlex.quote(python)} -S -E "
+                         f"{shlex.quote(str(program))} --socket "
+                         f"{shlex.quote(self.socket_path)} \"$@\"\n")
         os.chmod(self.program, 0o700)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._listener.bind(self.socket_path)
@@ -101,43 +101,4 @@ class RemoteShell:
                 send_json(conn, {"code": code})
 
 
-def _split(argv: Sequence[str]) -> tuple[str, str, list[str]]:
-    """``--socket PATH [ssh options] HOST COMMAND...`` -> (socket, host, command words).
-
-    Raises:
-        ValueError: a part is missing.
-    """
-    words = list(argv)
-    if len(words) < 2 or words[0] != "--socket":
-        raise ValueError("usage: rdzv_remote --socket PATH [ssh options] HOST COMMAND...")
-    path, words = words[1], words[2:]
-    # Hydra puts ssh's -x (no X11 forwarding) before the host; ssh options take no value here.
-    while words and words[0].startswith("-"):
-        words.pop(0)
-    if len(words) < 2:
-        raise ValueError(f"no host and command in {shlex.join(argv)!r}")
-    return path, words[0], words[1:]
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Run COMMAND on HOST through the rendezvous; exit with its exit code (255: could not)."""
-    try:
-        path, host, words = _split(sys.argv[1:] if argv is None else argv)
-    except ValueError as exc:
-        print(f"mpitrainrun (rendezvous ssh): {exc}", file=sys.stderr)
-        return SSH_FAILURE
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.connect(path)
-            # ssh joins its command words with spaces for the remote shell; so do we.
-            send_json(sock, {"host": host, "command": " ".join(words)})
-            answer = recv_json(sock)
-        return int(answer.get("code", SSH_FAILURE))
-    except (OSError, ValueError) as exc:
-        print(f"mpitrainrun (rendezvous ssh): cannot reach the rendezvous server through "
-              f"{path}: {exc}", file=sys.stderr)
-        return SSH_FAILURE
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["RemoteShell"]
