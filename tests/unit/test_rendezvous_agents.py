@@ -4,6 +4,7 @@ an MPI launcher would send, lost nodes, timeouts, our ssh and the session sweep.
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from mpitrain.runner.rdzv_agent import NodeAgent, RendezvousFailed, exit_code
+from mpitrain.runner.rdzv_report import DAEMON_LOST, StderrWatch
 from mpitrain.runner.rdzv_server import RendezvousServer
 from mpitrain.runner.rdzv_session import kill_session, session_members
 from mpitrain.runner.rdzv_shell import RemoteShell
@@ -288,3 +290,28 @@ def test_processes_left_in_a_session_are_found_and_ended():
     while session_members(leader.pid) and time.monotonic() < limit:
         time.sleep(0.05)
     assert session_members(leader.pid) == []
+
+
+# -- the launcher's last words ----------------------------------------------------------------
+def test_a_lost_daemon_is_noticed_even_across_chunks_and_everything_is_copied():
+    read_end, write_end = os.pipe()
+    copied = io.BytesIO()
+    watch = StderrWatch(os.fdopen(read_end, "rb", buffering=0), copied)
+    text = b"rank output\n" + DAEMON_LOST + b" ... will terminate the job\n"
+    cut = 12 + len(DAEMON_LOST) // 2
+    os.write(write_end, text[:cut])
+    time.sleep(0.2)  # two reads: the marker straddles them
+    assert not watch.daemon_lost.is_set()
+    os.write(write_end, text[cut:])
+    os.close(write_end)
+    watch.join(10)
+    assert watch.daemon_lost.is_set() and copied.getvalue() == text
+
+
+def test_ordinary_launcher_output_is_no_lost_daemon():
+    read_end, write_end = os.pipe()
+    watch = StderrWatch(os.fdopen(read_end, "rb", buffering=0), io.BytesIO())
+    os.write(write_end, b"prterun detected that one or more processes exited\n")
+    os.close(write_end)
+    watch.join(10)
+    assert not watch.daemon_lost.is_set()

@@ -323,6 +323,10 @@ def _rendezvous(args: argparse.Namespace, opts: RendezvousOptions,
     try:
         launcher = args.mpirun or _default_launcher(args.mpi, env)
         flavor = Flavor(args.mpi) if args.mpi != "auto" else detect_flavor(launcher)
+        if elastic_requested(args) and flavor is not Flavor.OPENMPI:
+            raise ValueError(f"elastic options with --rdzv-endpoint need Open MPI (ULFM lets "
+                             f"the survivors go on); with {flavor.value} a lost rank ends the "
+                             "job, and the scheduler's restart of the tasks starts it again")
 
         def plan(hosts: str, np: int, ssh: str) -> Plan:
             placed = argparse.Namespace(**vars(args))
@@ -343,8 +347,12 @@ def _rendezvous(args: argparse.Namespace, opts: RendezvousOptions,
     if args.dry_run:
         print(shlex.join(first.argv))
         return 0
+    # Elastic options with Open MPI run ULFM (make_plan added --with-ft ulfm): survivors of a
+    # lost node go on, so the agents must not end the job for it.  (Restart mode and host
+    # discovery were refused with the rendezvous.)
+    in_place = elastic_requested(args) and flavor is Flavor.OPENMPI
     return rdzv_launch.run(opts, env, flavor, lambda h, n, s: plan(h, n, s).argv,
-                           elastic=first.in_place, verbose=args.verbose)
+                           elastic=in_place, verbose=args.verbose)
 
 
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:

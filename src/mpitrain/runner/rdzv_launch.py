@@ -36,6 +36,7 @@ from typing import Any
 from .mpi_command import Flavor
 from .rdzv_agent import NodeAgent, RendezvousFailed, exit_code
 from .rdzv_options import RendezvousOptions
+from .rdzv_report import StderrWatch
 from .rdzv_server import RendezvousServer
 from .rdzv_session import kill_session
 from .rdzv_shell import RemoteShell
@@ -199,13 +200,15 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
     server.on_lost = lambda who, why: lost.put((who, why))
     failure: str | None = None
     stopped: list[str] = []
+    gone: list[str] = []  # nodes an elastic job went on without
     with RemoteShell(server.launch) as shell:
         argv = plan_argv(host_list(nodes), sum(k for _, k in nodes), shell.program)
         if verbose:
             log(shlex.join(argv))
         try:
             # A session of its own, so that ranks it leaves behind can be found (rdzv_session).
-            proc = subprocess.Popen(argv, env=dict(job_env), start_new_session=True)
+            proc = subprocess.Popen(argv, env=dict(job_env), start_new_session=True,
+                                    stderr=subprocess.PIPE)
         except OSError as exc:
             failure = f"cannot start the MPI launcher {argv[0]!r}: {exc}"
             log(failure)
@@ -216,6 +219,8 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
             stopped.append(f"{me} was stopped by {signal.Signals(signum).name}")
             proc.send_signal(signum)  # mpirun ends the job on every node
 
+        assert proc.stderr is not None
+        report = StderrWatch(proc.stderr)
         with _on_signals(forward):
             while proc.poll() is None:
                 try:
@@ -224,12 +229,17 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
                     continue
                 if elastic:
                     log(f"{who} was lost ({why}); the job goes on without it (elastic)")
+                    gone.append(who)
                     continue
                 failure = f"{who} was lost: {why}"
                 log(f"{failure}; ending the job")
                 _end(proc)
             code = exit_code(proc.wait())
             kill_session(proc.pid)
+        report.join(LAUNCHER_GRACE_S)
+    if failure is None and gone and report.daemon_lost.is_set():
+        failure = (f"{gone[0]} was lost and Open MPI ended the job (a lost node's daemon ends "
+                   f"it even with ULFM), although it exited {code}")
     if failure is None and code != 0 and not lost.empty():
         who, why = lost.get()
         failure = f"{who} was lost: {why}"
@@ -240,7 +250,7 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
     elif code != 0:
         failure = (f"the MPI launcher on {me} exited with {code}; its report, and the ranks' "
                    "output, are in that node's output")
-    log(failure or "the job finished (exit 0)")
+    log(f"the job failed: {failure}" if failure else "the job finished (exit 0)")
     server.finish(code, failure)
     return code
 
