@@ -223,6 +223,22 @@ def test_agents_give_up_a_server_that_dies():
     assert "lost the rendezvous server, node 0" in str(r.results[1])
 
 
+def test_a_signal_while_waiting_for_the_server_ends_the_agent_at_once():
+    # Nobody listens on this port: the agent keeps retrying until its (long) timeout...
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    agent = NodeAgent("127.0.0.1", port, "t", b"", 2, 1, None, False, time.monotonic() + 600,
+                      5, {}, lambda line: None)
+    threading.Timer(0.5, agent.stop, ("stopped by SIGTERM", 143)).start()
+    start = time.monotonic()
+    with pytest.raises(RendezvousFailed) as info:
+        agent.join()
+    # ...unless stopped, which ends it within one pause between tries.
+    assert time.monotonic() - start < 3
+    assert info.value.code == 143 and "stopped by SIGTERM while joining" in str(info.value)
+
+
 # -- our ssh ------------------------------------------------------------------------------------
 def test_our_ssh_hands_the_command_over_and_exits_with_its_code():
     calls: list[tuple[str, str]] = []

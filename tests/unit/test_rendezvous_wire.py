@@ -170,6 +170,7 @@ def test_who_may_not_join_is_named():
     assert "outside 0..2" in why_not_join(there, Node("b", "10.0.0.2", 2, wanted_rank=3), 3)
     assert "have joined already" in why_not_join(there, Node("b", "10.0.0.2", 2), 1)
     assert why_not_join(there, Node("b", "10.0.0.2", 2), 3) is None
+    assert "IPv6" in why_not_join(there, Node("b", "fe80::2", 2), 3)
     assert describe(there[0]) == "node a (10.0.0.1)"
     assert describe(there[0], 0) == "node 0 (a, 10.0.0.1)"
 

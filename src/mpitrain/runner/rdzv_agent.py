@@ -95,14 +95,27 @@ class NodeAgent:
         self._sessions: list[int] = []  # every daemon's session, for the leftovers
         self._lock = threading.Lock()
         self._link: Link | None = None
+        self._stopped: tuple[str, int] | None = None
+        self._stopping = threading.Event()  # wakes the connection retries
 
     # -- joining --------------------------------------------------------------------------
+    def _pause(self, seconds: float) -> None:
+        """Sleep between tries, unless :meth:`stop` is called meanwhile.
+
+        Raises:
+            RendezvousFailed: :meth:`stop` was called.
+        """
+        if self._stopping.wait(seconds) and self._stopped is not None:
+            why, code = self._stopped
+            raise RendezvousFailed(f"{why} while joining the rendezvous at {self.where}", code)
+
     def _connect(self) -> tuple[socket.socket, str]:
         """Connect to the endpoint, retrying until the deadline (its agent may start later)."""
         last: str = "not tried"
         announced = False
         pause = RETRY_FIRST_S
         while True:
+            self._pause(0)
             left = self.deadline - time.monotonic()
             if left <= 0:
                 raise RendezvousFailed(f"could not reach the rendezvous at {self.where} within "
@@ -120,7 +133,7 @@ class NodeAgent:
                 if not announced:
                     self.log(f"waiting for the rendezvous at {self.where} ({last})")
                     announced = True
-            time.sleep(min(pause, max(0.0, self.deadline - time.monotonic())))
+            self._pause(min(pause, max(0.0, self.deadline - time.monotonic())))
             pause = min(2 * pause, RETRY_MAX_S)
 
     def join(self) -> Assignment:
@@ -144,7 +157,7 @@ class NodeAgent:
                 # Not our server yet (a port scanner, a server still starting): try again.
                 sock.close()
                 self.log(f"rendezvous at {self.where}: {exc}; retrying")
-                time.sleep(RETRY_MAX_S)
+                self._pause(RETRY_MAX_S)
         self._link = Link(channel, self._on_message, self._on_end, self.heartbeat_timeout_s)
         self._link.start()
         limit = self.deadline + VERDICT_GRACE_S
@@ -209,6 +222,8 @@ class NodeAgent:
     def stop(self, why: str, code: int) -> None:
         """End this agent's part from another thread (a signal), with exit ``code``; the
         server learns it as a lost connection."""
+        self._stopped = (why, code)
+        self._stopping.set()
         self._inbox.put(("stop", (why, code)))
 
     # -- messages (reader thread) -----------------------------------------------------------

@@ -55,6 +55,10 @@ def describe(node: Node, rank: int | None = None) -> str:
 
 def why_not_join(joined: Sequence[Node], new: Node, nnodes: int) -> str | None:
     """Why ``new`` may not join the nodes already there, or None when it may."""
+    if ":" in new.addr:
+        return (f"{describe(new)}: an IPv6 address, which the MPI launchers' host lists "
+                "(host:slots) cannot carry; reach the endpoint over IPv4, or give --local-addr "
+                "an IPv4 address")
     if new.wanted_rank is not None and not 0 <= new.wanted_rank < nnodes:
         return (f"{describe(new)} asks for --node-rank {new.wanted_rank}, outside 0..{nnodes - 1} "
                 f"of --nnodes {nnodes}")
