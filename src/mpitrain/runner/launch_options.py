@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 
 from .. import config
+from ..version import __version__
 from . import horovodrun_flags
 
 _NAMES = {var.field: var.name for var in config.VARIABLES}
@@ -66,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
                "--mpi-args='--mpi=...' chooses; in a\n"
                "PBS or LSF job, on the allocation's node file.  Without any of these it runs\n"
                "on this machine, whose slots are its cores (give -H localhost:N to run more).")
+    parser.add_argument("--version", action="version", version=f"mpitrain {__version__}")
     where = parser.add_argument_group("processes and hosts")
     where.add_argument("-np", "--num-proc", dest="np", type=_pos_int, metavar="N",
                        help="number of processes (ranks) to start")
