@@ -153,7 +153,17 @@ def run_job(np: int, argv: Sequence[str], env: Mapping[str, str] | None = None,
 def _run_job_once(np: int, argv: Sequence[str], env: Mapping[str, str] | None,
                   timeout: float, cwd: Path | None,
                   stack_dump: bool) -> subprocess.CompletedProcess[str]:
-    with subprocess.Popen(mpirun_command(np, argv), env=job_env(env), cwd=cwd or ROOT,
+    return run_command(mpirun_command(np, argv), env, timeout, cwd, stack_dump)
+
+
+def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float = 120,
+                cwd: Path | None = None, stack_dump: bool = False,
+                exact_env: bool = False) -> subprocess.CompletedProcess[str]:
+    """Run a launcher command line (mpitrainrun, mpirun ...) in the test job environment (or
+    in exactly ``env`` with ``exact_env``); a hang raises subprocess.TimeoutExpired after
+    killing it and every process below it."""
+    with subprocess.Popen(list(argv), env=dict(env or {}) if exact_env else job_env(env),
+                          cwd=cwd or ROOT,
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           ) as proc:
         try:

@@ -27,11 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from . import allocation, build_info, rdzv_launch
+from .. import horovod_compat
+from . import allocation, build_info, horovodrun_flags, rdzv_launch
 from .discovery import Blacklist, DiscoveryError, DiscoveryScript
 from .discovery import place as place_on_hosts
 from .elastic_driver import DriverOptions, ElasticDriver, forwarding_signals, layout_string
 from .hosts import HostfileError, HostSlots, parse_hosts_string, place, read_hostfile, with_slots
+from .interpreter import python_note, ranks_command
 from .launch_options import (
     build_parser,
     check_elastic,
@@ -166,9 +168,12 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     if hosts is not None and args.npernode is not None:
         hosts = with_slots(hosts, args.npernode)
 
-    spec = LaunchSpec(np=args.np, command=list(args.command), npernode=args.npernode,
+    if args.horovod_compat:
+        settings["PYTHONPATH"] = horovod_compat.with_shim_first(
+            settings.get("PYTHONPATH", environ.get("PYTHONPATH")))
+    spec = LaunchSpec(np=args.np, command=ranks_command(args.command), npernode=args.npernode,
                       settings=settings, network_interface=args.network_interface,
-                      mpi_args=mpi_args, as_root=as_root)
+                      mpi_args=mpi_args, as_root=as_root, binding=horovodrun_flags.binding(args))
     spec.forward = forwarded_names(environ) + [n for n in extra_names
                                                if n not in forwarded_names(environ)]
 
@@ -183,6 +188,7 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
                              f"this machine; lower -np, or oversubscribe on purpose with "
                              f"-H localhost:{args.np}")
         spec.yield_when_idle = args.np > cores
+        spec.launcher_args = horovodrun_flags.launcher_args(args, flavor, False)
         placement = f"{args.np} process(es) on this machine ({cores} cores)"
         if flavor is None or launcher is None:
             raise ValueError("no MPI launcher")
@@ -195,6 +201,7 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     placement = ", ".join(f"{h.host}:{h.slots}" for h in placed)
     if alloc is not None:
         placement = f"{alloc.scheduler} allocation: {placement}"
+    spec.launcher_args = horovodrun_flags.launcher_args(args, flavor, use_srun)
     if use_srun:
         spec.srun_mpi = _srun_mpi_plugin(flavor, environ, mpi_args)
         return _with_restart(Plan(build_srun(spec, srun or "srun"), placement, []), restart)
@@ -358,8 +365,19 @@ def _rendezvous(args: argparse.Namespace, opts: RendezvousOptions,
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of ``mpitrainrun``; returns the job's exit code (2 for usage errors)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(horovodrun_flags.normalize_argv(
+        sys.argv[1:] if argv is None else argv))
     env = os.environ if environ is None else environ
+    if args.config_file:
+        try:
+            config_notes = horovodrun_flags.apply_config_file(args, parser)
+        except ValueError as exc:
+            print(f"mpitrainrun: error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        config_notes = []
+    for note in [*horovodrun_flags.notes(args), *config_notes]:
+        print(f"mpitrainrun: {note}", file=sys.stderr)
     if args.check_build:
         print(build_info.render(build_info.collect()))
         return 0
@@ -411,6 +429,11 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         kind = "hostfile" if isinstance(exc, HostfileError) else "error"
         print(f"mpitrainrun: {kind}: {exc}", file=sys.stderr)
         return 2
+    if args.horovod_compat and (real := horovod_compat.real_horovod()) is not None:
+        print(horovod_compat.shadowing_note(real), file=sys.stderr)
+    interpreter = python_note(args.command, env)
+    if interpreter is not None and not args.dry_run:
+        print(interpreter, file=sys.stderr)
     if args.dry_run:
         print(shlex.join(plan.argv))
         return 0

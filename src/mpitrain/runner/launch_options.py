@@ -13,6 +13,8 @@ import os
 from collections.abc import Mapping, Sequence
 
 from .. import config
+from ..version import __version__
+from . import horovodrun_flags
 from .rdzv_options import add_rendezvous_options
 
 _NAMES = {var.field: var.name for var in config.VARIABLES}
@@ -69,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
                "--mpi-args='--mpi=...' chooses; in a\n"
                "PBS or LSF job, on the allocation's node file.  Without any of these it runs\n"
                "on this machine, whose slots are its cores (give -H localhost:N to run more).")
+    parser.add_argument("--version", action="version", version=f"mpitrain {__version__}")
     where = parser.add_argument_group("processes and hosts")
     where.add_argument("-np", "--num-proc", dest="np", type=_pos_int, metavar="N",
                        help="number of processes (ranks) to start")
@@ -184,11 +187,12 @@ def build_parser() -> argparse.ArgumentParser:
     mode = parser.add_argument_group("what to do")
     mode.add_argument("--dry-run", action="store_true",
                       help="print the command that would run, run nothing")
-    mode.add_argument("--check-build", action="store_true",
+    mode.add_argument("-cb", "--check-build", action="store_true",
                       help="show what this installation supports (MPI library and thread "
                            "level, CUDA, cupy, numba, CUDA-aware MPI) and exit")
     mode.add_argument("--verbose", action="store_true",
                       help="print the placement and the command before running it")
+    horovodrun_flags.add_flags(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program and its arguments, e.g. python train.py --lr 0.1")
     return parser

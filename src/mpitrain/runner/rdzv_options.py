@@ -36,7 +36,10 @@ _EXCLUSIVE = (("np", "-np", "the rendezvous starts --nnodes x --nproc-per-node p
               ("host_discovery_script", "--host-discovery-script",
                "a running MPI job cannot take in new nodes"),
               ("elastic_restart", "--elastic-restart",
-               "the agents of a failed job have exited; the scheduler restarts the task"))
+               "the agents of a failed job have exited; the scheduler restarts the task"),
+              ("ssh_port", "-p/--ssh-port", "the daemons start through the agents, not ssh"),
+              ("ssh_identity_file", "-i/--ssh-identity-file",
+               "the daemons start through the agents, not ssh"))
 
 
 def _count(text: str) -> int:
