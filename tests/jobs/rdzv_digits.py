@@ -20,6 +20,8 @@ print("LAYOUT " + json.dumps({
     "rank": hvd.rank(), "size": hvd.size(), "host": socket.gethostname(),
     "local_rank": hvd.local_rank(), "local_size": hvd.local_size(),
     "cross_rank": hvd.cross_rank(), "cross_size": hvd.cross_size(),
-    "launcher_local_rank": os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK")}), flush=True)
+    "launcher_local_rank": os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK"),
+    # The rendezvous's secret stays with the agents.
+    "secret_seen": "MPITRAIN_RDZV_SECRET" in os.environ}), flush=True)
 sys.argv = [str(DIGITS), *sys.argv[1:]]
 runpy.run_path(str(DIGITS), run_name="__main__")

@@ -155,6 +155,14 @@ def _ns_pids(c, i: int) -> list[int]:
     return live
 
 
+def _assert_nothing_left(c, i: int) -> None:
+    """No process of the job is left on host ``i`` (killed ones may take a moment to go)."""
+    limit = time.monotonic() + 5
+    while _ns_pids(c, i) and time.monotonic() < limit:
+        time.sleep(0.1)
+    assert _ns_pids(c, i) == [], f"processes left on {c.hostnames[i]}"
+
+
 def _wait_for(paths: list[Path], agents: Agents, timeout: float = 120) -> None:
     limit = time.monotonic() + timeout
     while not all(p.exists() for p in paths):
@@ -203,22 +211,26 @@ def test_digits_trains_as_one_job_to_the_same_bits_as_under_mpirun(cluster, tmp_
         env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=ROOT)
     assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-3000:]
     # The script path alone, as in a torchrun task line: it runs under the agent's Python.
+    # With a secret, which the ranks must not see (LAYOUT's secret_seen).
     agents = Agents(cluster, tmp_path, next(_ports),
                     [str(DIGITS), *DIGITS_ARGS, "--checkpoint-dir", str(rdzv_dir)],
-                    ["--rdzv-id", "digits", *ALGORITHM])
+                    ["--rdzv-id", "digits", *ALGORITHM],
+                    env={**_env(), SECRET_VARIABLE: "digits-secret"})
     assert agents.wait() == {0: 0, 1: 0, 2: 0}, agents.report()
 
     rows = _layout(agents.out(0))
     assert rows == _layout(plain.stdout)
     assert [r["rank"] for r in rows] == list(range(NODES * SLOTS))
-    assert {(r["size"], r["local_size"], r["cross_size"]) for r in rows} == {(6, 2, 3)}
+    assert {(r["size"], r["local_size"], r["cross_size"], r["secret_seen"]) for r in rows} == \
+        {(6, 2, 3, False)}
     assert [r["host"] for r in rows] == [h for h in cluster.hostnames for _ in range(SLOTS)]
     assert [(r["local_rank"], r["launcher_local_rank"]) for r in rows] == \
         [(0, "0"), (1, "1")] * NODES
     assert [r["cross_rank"] for r in rows] == [0, 0, 1, 1, 2, 2]
-    # Every agent says which node it is.
+    # Every agent says which node it is; with the secret set, none warns of its absence.
     for i in range(NODES):
         assert f"node {i} ({cluster.hostnames[i]}, {cluster.address(i + 1)})" in agents.err(i)
+        assert SECRET_VARIABLE not in agents.err(i)
 
     final = [line for line in agents.out(0).splitlines() if line.startswith("final:")]
     assert final and final == [line for line in plain.stdout.splitlines()
@@ -266,10 +278,7 @@ def _check_survivors_end(c, agents: Agents, lost: int, bound: float, killed_at: 
     name = f"node {lost} ({c.hostnames[lost]}, {c.address(lost + 1)}) was lost: {why}"
     for i in survivors:
         assert name in agents.err(i), agents.report()
-        limit = time.monotonic() + 5  # killed processes may take a moment to be reaped
-        while _ns_pids(c, i) and time.monotonic() < limit:
-            time.sleep(0.1)
-        assert _ns_pids(c, i) == [], f"processes left on {c.hostnames[i]}"
+        _assert_nothing_left(c, i)
     print(f"agents ended {took:.1f} s after node {lost} was lost")
 
 
@@ -310,6 +319,44 @@ def test_a_silent_node_is_given_up_after_the_heartbeat_timeout(cluster, tmp_path
                 os.kill(pid, signal.SIGCONT)
         subprocess.run(["ip", "-n", cluster.hostnames[2], "link", "set", "eth0", "up"])
         agents.kill()
+
+
+def test_the_serving_node_killed_during_the_job_ends_the_others(cluster, tmp_path):
+    agents = Agents(cluster, tmp_path, next(_ports), MARKER_JOB,
+                    ["--rdzv-id", "server", "-x", f"RZ_DIR={tmp_path}"])
+    _wait_for(_all_started(tmp_path), agents)
+    for pid in _ns_pids(cluster, 0):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    ends = agents.poll_ends(60)
+    assert 1 in ends and 2 in ends, agents.report()
+    # Connection closed at once; then each agent stops its daemon (<= 15 s).
+    took = max(ends[1], ends[2]) - killed_at
+    assert took < 20, (took, agents.report())
+    server = f"node 0 ({cluster.hostnames[0]}, {cluster.address(1)})"
+    for i in (1, 2):
+        assert agents.procs[i].returncode == 1, agents.report()
+        assert f"lost the rendezvous server, {server}" in agents.err(i)
+        _assert_nothing_left(cluster, i)
+    print(f"agents ended {took:.1f} s after the serving node was killed")
+
+
+def test_the_scheduler_cancelling_the_serving_task_ends_every_agent(cluster, tmp_path):
+    agents = Agents(cluster, tmp_path, next(_ports), MARKER_JOB,
+                    ["--rdzv-id", "cancel", "-x", f"RZ_DIR={tmp_path}"])
+    _wait_for(_all_started(tmp_path), agents)
+    agents.procs[0].send_signal(signal.SIGTERM)  # the agent itself: ip netns/unshare exec it
+    cancelled_at = time.monotonic()
+    codes = agents.wait(timeout=90)
+    took = max(agents.ended.values()) - cancelled_at
+    assert all(code != 0 for code in codes.values()), agents.report()
+    assert took < 20, (took, agents.report())
+    for i in range(NODES):
+        assert f"node 0 ({cluster.hostnames[0]}, {cluster.address(1)}) was stopped by " \
+               "SIGTERM" in agents.err(i), agents.report()
+        _assert_nothing_left(cluster, i)
+    print(f"agents ended {took:.1f} s after the serving agent got SIGTERM")
 
 
 def test_a_second_job_on_the_same_endpoint_is_turned_away(cluster, tmp_path):
