@@ -412,6 +412,17 @@ def test_rendezvous_mistakes_are_usage_errors(machine, capsys, args, message):
     assert code == 2 and message in err, err
 
 
+@pytest.mark.parametrize(("args", "message"), [
+    ("--nnodes 2:4", "MIN:MAX node range does not apply"),
+    ("--nproc-per-node gpu", "give the number of processes per node"),
+    ("--nnodes 0", "must be >= 1"),
+])
+def test_torchrun_values_we_cannot_take_are_explained(capsys, args, message):
+    with pytest.raises(SystemExit) as info:
+        launch.main([*shlex.split(args), "--rdzv-endpoint", "n0", "python", "t.py"])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
 def test_help_documents_the_rendezvous_in_torchruns_spelling(capsys):
     with pytest.raises(SystemExit):
         launch.main(["--help"])

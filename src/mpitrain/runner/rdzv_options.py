@@ -52,6 +52,22 @@ def _count(text: str) -> int:
     return value
 
 
+def _nnodes(text: str) -> int:
+    if ":" in text:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: torchrun's MIN:MAX node range does not apply, an MPI job's size is "
+            "fixed when it starts; give the number of nodes")
+    return _count(text)
+
+
+def _nproc(text: str) -> int:
+    if text in ("gpu", "cpu", "auto", "xpu"):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give the number of processes per node (torchrun's {text!r} is not "
+            "read here)")
+    return _count(text)
+
+
 def _index(text: str) -> int:
     try:
         value = int(text)
@@ -80,10 +96,10 @@ def add_rendezvous_options(parser: argparse.ArgumentParser) -> None:
         "on every node; the agents meet at the endpoint and start one MPI job across them "
         "(torchrun's spelling; the _ forms such as --nproc_per_node work too; see "
         "docs/guide/rendezvous.md)")
-    group.add_argument("--nnodes", type=_count, metavar="N",
+    group.add_argument("--nnodes", type=_nnodes, metavar="N",
                        help="number of nodes, each running this same command")
     group.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
-                       type=_count, metavar="K", help="processes (ranks) on this node")
+                       type=_nproc, metavar="K", help="processes (ranks) on this node")
     group.add_argument("--rdzv-endpoint", "--rdzv_endpoint", dest="rdzv_endpoint",
                        metavar="HOST[:PORT]",
                        help=f"where the agents meet (port {DEFAULT_PORT} if left out): the "
