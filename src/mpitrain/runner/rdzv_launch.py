@@ -29,6 +29,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
@@ -196,8 +197,10 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
             elastic: bool, verbose: bool, log: Callable[[str], None]) -> int:
     """Run the MPI launcher over ``nodes``; end it when a node is lost (unless elastic);
     tell every agent the outcome; return the exit code."""
-    lost: queue.Queue[tuple[str, str]] = queue.Queue()
-    server.on_lost = lambda who, why: lost.put((who, why))
+    # Lost nodes, and (None, None) when the launcher has exited: one queue, so that the loop
+    # below wakes at once for either.
+    events: queue.Queue[tuple[str | None, str | None]] = queue.Queue()
+    server.on_lost = lambda who, why: events.put((who, why))
     failure: str | None = None
     stopped: list[str] = []
     gone: list[str] = []  # nodes an elastic job went on without
@@ -221,28 +224,42 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
 
         assert proc.stderr is not None
         report = StderrWatch(proc.stderr)
+        def exited() -> None:
+            proc.wait()
+            events.put((None, None))
+
+        threading.Thread(target=exited, name="rdzv-launcher-wait", daemon=True).start()
         with _on_signals(forward):
-            while proc.poll() is None:
-                try:
-                    who, why = lost.get(timeout=0.5)
-                except queue.Empty:
-                    continue
+            while True:
+                who, why = events.get()
+                if who is None:
+                    break  # the launcher exited
+                if failure is not None:
+                    continue  # already ending it
                 if elastic:
                     log(f"{who} was lost ({why}); the job goes on without it (elastic)")
                     gone.append(who)
                     continue
                 failure = f"{who} was lost: {why}"
                 log(f"{failure}; ending the job")
-                _end(proc)
+                threading.Thread(target=_end, args=(proc,), name="rdzv-end",
+                                 daemon=True).start()
             code = exit_code(proc.wait())
             kill_session(proc.pid)
         report.join(LAUNCHER_GRACE_S)
     if failure is None and gone and report.daemon_lost.is_set():
         failure = (f"{gone[0]} was lost and Open MPI ended the job (a lost node's daemon ends "
                    f"it even with ULFM), although it exited {code}")
-    if failure is None and code != 0 and not lost.empty():
-        who, why = lost.get()
-        failure = f"{who} was lost: {why}"
+    if failure is None and code != 0:
+        # A node lost as the launcher ended (it may have noticed first) is the reason.
+        limit = time.monotonic() + 1.0
+        while failure is None and time.monotonic() < limit:
+            try:
+                who, why = events.get(timeout=max(0.0, limit - time.monotonic()))
+            except queue.Empty:
+                break
+            if who is not None:
+                failure = f"{who} was lost: {why}"
     if failure is None and stopped:
         failure = stopped[0]
     if failure is not None:
