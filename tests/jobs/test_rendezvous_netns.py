@@ -29,7 +29,8 @@ import pytest
 from mpitrain.runner.rdzv_wire import SECRET_VARIABLE
 from support import ROOT, job_env
 
-pytestmark = pytest.mark.netns
+# Each test bounds its own waits; this is the backstop should one of them not.
+pytestmark = [pytest.mark.netns, pytest.mark.timeout(900)]
 
 _spec = importlib.util.spec_from_file_location("netns_cluster", ROOT / "tools" /
                                                "netns_cluster.py")
