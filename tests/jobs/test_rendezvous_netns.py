@@ -244,6 +244,18 @@ def test_digits_trains_as_one_job_to_the_same_bits_as_under_mpirun(cluster, tmp_
     assert all(state[k] == plain_state[k] for k in state), "parameters differ"
 
 
+def test_the_jobs_exit_code_reaches_every_agent(cluster, tmp_path):
+    agents = Agents(cluster, tmp_path, next(_ports),
+                    ["python", "-c", "import os, sys; "
+                     "sys.exit(3 if os.environ['OMPI_COMM_WORLD_RANK'] == '4' else 0)"],
+                    ["--rdzv-id", "code"])
+    assert agents.wait(timeout=90) == {0: 3, 1: 3, 2: 3}, agents.report()
+    launcher = f"node 0 ({cluster.hostnames[0]}, {cluster.address(1)})"
+    for i in range(NODES):
+        assert f"the MPI launcher on {launcher} exited with 3" in agents.err(i)
+        _assert_nothing_left(cluster, i)
+
+
 def test_an_agent_that_never_comes_ends_the_others_at_the_timeout(cluster, tmp_path):
     timeout = 6
     agents = Agents(cluster, tmp_path, next(_ports), ["true"],
