@@ -429,5 +429,6 @@ def test_help_documents_the_rendezvous_in_torchruns_spelling(capsys):
     out = capsys.readouterr().out
     for option in ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--rdzv-endpoint",
                    "--rdzv_endpoint", "--rdzv-id", "--node-rank", "--rdzv-timeout",
-                   "--rdzv-conf", "--rdzv-backend", "--local-addr", "docs/guide/rendezvous.md"):
+                   "--rdzv-conf", "--rdzv-backend", "--local-addr", "MPITRAIN_RDZV_SECRET",
+                   "docs/guide/rendezvous.md"):
         assert option in out, option

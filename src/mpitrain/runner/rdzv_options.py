@@ -94,8 +94,9 @@ def add_rendezvous_options(parser: argparse.ArgumentParser) -> None:
         "rendezvous: where there is no MPI launcher (no ssh between nodes, no PMI), start "
         "'mpitrainrun --nnodes N --nproc-per-node K --rdzv-endpoint HOST:PORT train.py' once "
         "on every node; the agents meet at the endpoint and start one MPI job across them "
-        "(torchrun's spelling; the _ forms such as --nproc_per_node work too; see "
-        "docs/guide/rendezvous.md)")
+        "(torchrun's spelling; the _ forms such as --nproc_per_node work too).  Set "
+        "MPITRAIN_RDZV_SECRET to the same value on every node so that only they can join or "
+        "serve it; see docs/guide/rendezvous.md")
     group.add_argument("--nnodes", type=_nnodes, metavar="N",
                        help="number of nodes, each running this same command")
     group.add_argument("--nproc-per-node", "--nproc_per_node", dest="nproc_per_node",
