@@ -4,6 +4,7 @@ an MPI launcher would send, lost nodes, timeouts, our ssh and the session sweep.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from mpitrain.runner.launcher_report import DAEMON_LOST, StderrWatch
 from mpitrain.runner.rdzv_agent import NodeAgent, RendezvousFailed, exit_code
-from mpitrain.runner.rdzv_report import DAEMON_LOST, StderrWatch
 from mpitrain.runner.rdzv_server import RendezvousServer
 from mpitrain.runner.rdzv_session import kill_session, session_members
 from mpitrain.runner.rdzv_shell import RemoteShell
@@ -291,10 +292,21 @@ def test_processes_left_in_a_session_are_found_and_ended():
     rank = f"{sys.executable} -c 'import os, time; os.setpgid(0, 0); time.sleep(300)'"
     leader = subprocess.Popen(["/bin/sh", "-c", f"{rank} & sleep 300; wait"],
                               start_new_session=True)
-    limit = time.monotonic() + 10
-    while len(session_members(leader.pid)) < 3 and time.monotonic() < limit:
+    def own_group() -> list[int]:
+        """Members that have moved to a group of their own (the "rank", once set up)."""
+        out = []
+        for pid in session_members(leader.pid):
+            with contextlib.suppress(ProcessLookupError):
+                if os.getpgid(pid) != leader.pid:
+                    out.append(pid)
+        return out
+
+    limit = time.monotonic() + 30
+    # Until the "rank" has called setpgid, killing the daemon's group would take it too.
+    while (len(session_members(leader.pid)) < 3 or not own_group()) and \
+            time.monotonic() < limit:
         time.sleep(0.05)
-    assert len(session_members(leader.pid)) == 3
+    assert len(session_members(leader.pid)) == 3 and len(own_group()) == 1
     leader.kill()
     leader.wait()
     os.killpg(leader.pid, signal.SIGKILL)  # the daemon's group: not enough

@@ -34,10 +34,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
+from .launcher_report import StderrWatch
 from .mpi_command import Flavor
 from .rdzv_agent import NodeAgent, RendezvousFailed, exit_code
 from .rdzv_options import RendezvousOptions
-from .rdzv_report import StderrWatch
 from .rdzv_server import RendezvousServer
 from .rdzv_session import kill_session
 from .rdzv_shell import RemoteShell

@@ -1,12 +1,12 @@
-"""The MPI launcher's stderr in a rendezvous job: copied through as it comes, and watched for
-Open MPI's word that it ended the job because a node's daemon was lost.
+"""The MPI launcher's stderr: copied through as it comes, and watched for Open MPI's word
+that it ended the job because a node's daemon was lost.
 
-With elastic options the agents let the launcher go on when a node is lost, since ULFM lets
-the surviving ranks continue when a *rank* dies.  When a whole node goes, its daemon with it,
+With elastic options the launcher is let go on when a node is lost, since ULFM lets the
+surviving ranks continue when a *rank* dies.  When a whole node goes, its daemon with it,
 Open MPI 5.0.11 instead prints "PRTE has lost communication with a remote daemon ... will
 terminate the job" and then exits 0, although the ranks never finished (seen on the
 namespace cluster, 2026-11-28, under plain mpirun as well).  An exit status of 0 after that is
-no success, and the agents must not report one.
+no success: neither ``mpitrainrun`` nor the rendezvous agents report one.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ class StderrWatch:
         self.stream = stream
         self.out = out if out is not None else sys.stderr.buffer
         self.daemon_lost = threading.Event()
-        self._thread = threading.Thread(target=self._copy, name="rdzv-stderr", daemon=True)
+        self._thread = threading.Thread(target=self._copy, name="launcher-stderr", daemon=True)
         self._thread.start()
 
     def _copy(self) -> None:
@@ -49,4 +49,9 @@ class StderrWatch:
         self._thread.join(timeout_s)
 
 
-__all__ = ["DAEMON_LOST", "StderrWatch"]
+def lost_daemon_message(launcher: str) -> str:
+    return (f"{launcher}: Open MPI lost a node's daemon and ended the job before the ranks "
+            "finished (it exits 0 even so); reporting failure")
+
+
+__all__ = ["DAEMON_LOST", "StderrWatch", "lost_daemon_message"]
