@@ -23,7 +23,14 @@ if TYPE_CHECKING:
 
 
 class Compressor(ABC):
-    """Interface: ``compress`` returns (wire tensor, context); ``decompress`` undoes it."""
+    """Interface: ``compress`` returns (wire tensor, context); ``decompress`` undoes it.
+
+    ``wire_dtype`` names the element type a compressor that only casts sends float32/float64
+    tensors as (None for anything else): DistributedOptimizer then keeps 16-bit wire buckets
+    and casts into them in place instead of calling ``compress`` per tensor.
+    """
+
+    wire_dtype: str | None = None
 
     @staticmethod
     @abstractmethod
@@ -58,6 +65,8 @@ def _is_wide_float(tensor: Any) -> bool:
 class FP16Compressor(Compressor):
     """Send float32/float64 tensors as float16."""
 
+    wire_dtype = "float16"
+
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
         if not _is_wide_float(tensor):
@@ -77,6 +86,8 @@ class FP16Compressor(Compressor):
 
 class BF16Compressor(Compressor):
     """Send float32/float64 torch tensors as bfloat16 (numpy arrays need ml_dtypes)."""
+
+    wire_dtype = "bfloat16"
 
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
