@@ -31,6 +31,10 @@ RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
 MODES = config_mod.DETERMINISTIC_MODES
 FLOATS = ["float32", "float16", "bfloat16", "float64"]
 ALGORITHMS = ["auto", "mpi", "shm", "ring", "hierarchical"]
+# Where the requested algorithm is not used at all (rank-order folds, and every Min/Max/Product
+# in deterministic mode), two requests show that it is ignored; fixed-point's integers do go
+# through each of ALGORITHMS.
+IGNORED = ["auto", "ring"]
 TORCH = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
          "float64": torch.float64}
 
@@ -81,7 +85,7 @@ def test_every_algorithm_and_channel_count_gives_the_designs_bits(groups, mode):
         for n, pre, post in cases:
             inputs = [values(r, n, dtype) for r in range(SIZE)]
             want = bits(expected(mode, inputs, dtype, pre, post))
-            for algorithm in ALGORITHMS:
+            for algorithm in ALGORITHMS if mode == "fixed-point" else IGNORED:
                 # Channels cut only buckets of two parts of 1 MiB or more: the 4 MiB one.
                 for streams in (1, 3) if n * inputs[0].itemsize >= 2 << 20 else (1,):
                     out = np.full_like(inputs[RANK], 7)
@@ -123,7 +127,7 @@ def test_min_max_and_product_fold_in_rank_order_whatever_the_algorithm(groups, m
         for op in (ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
             pre, post = (1.0, 1.0) if op != ReduceOp.PRODUCT else (0.5, 3.0)
             want = bits(reference.reduce(inputs, dtype, op, pre, post))
-            for algorithm in ALGORITHMS:
+            for algorithm in IGNORED:
                 out = np.empty_like(inputs[RANK])
                 algorithms.allreduce(group, inputs[RANK], out, dtype, op, pre, post, algorithm)
                 assert bits(out) == want, (mode, dtype, op.name, algorithm)

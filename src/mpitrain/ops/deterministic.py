@@ -84,6 +84,10 @@ def _node(group: Group) -> Node | None:
     return group.node()
 
 
+def _ranks(group: Group) -> ordered.Ranks:
+    return ordered.Ranks(group.comm, _node(group), group.workspace("ordered"))
+
+
 def allreduce(route: Route, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
     """The deterministic reduction of ``send`` over the route's group into ``recv``."""
     group = route.group
@@ -97,7 +101,7 @@ def allreduce(route: Route, send: np.ndarray, recv: np.ndarray, how: Reduction) 
         cpu.warm_up([how.dtype])
 
     def run(g: Group, send_part: np.ndarray, recv_part: np.ndarray) -> None:
-        ordered.allreduce(g.comm, _node(g), send_part, recv_part, how, g.workspace("ordered"))
+        ordered.allreduce(_ranks(g), send_part, recv_part, how)
 
     channels.run(group, send, recv, route.streams or group.config.allreduce_streams, run,
                  prepare)
@@ -112,5 +116,4 @@ def reducescatter(route: Route, send: np.ndarray, recv: np.ndarray, counts: Sequ
         fixed_point.reducescatter(send, recv, counts, group.rank, how,
                                   _Integers(route, group.workspace("fixed")))
         return
-    ordered.reducescatter(group.comm, _node(group), send, recv, counts, how,
-                          group.workspace("ordered"))
+    ordered.reducescatter(_ranks(group), send, recv, counts, how)

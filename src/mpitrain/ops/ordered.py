@@ -25,6 +25,7 @@ Every rank of the communicator must call these functions, in the same order.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -41,15 +42,19 @@ from .slices import balanced
 GATHER_MAX_BYTES = 256 << 10
 
 
-def allreduce(comm: Any, node: shm.Node | None, send: np.ndarray, recv: np.ndarray,
-              how: Reduction, ws: Scratch) -> None:
-    """Rank-order reduction of ``send`` over ``comm`` into ``recv`` (which may be ``send``).
+@dataclass(frozen=True)
+class Ranks:
+    """Who reduces: the communicator, this node's shared-memory state when every rank of it
+    is on this node (node ranks are communicator ranks; else None), and its scratch."""
 
-    Args:
-        node: this node's shared-memory state when every rank of ``comm`` is on it (node
-            ranks are ``comm`` ranks), else None.
-        ws: scratch for this communicator.
-    """
+    comm: Any
+    node: shm.Node | None
+    ws: Scratch
+
+
+def allreduce(ranks: Ranks, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
+    """Rank-order reduction of ``send`` over ``ranks`` into ``recv`` (which may be ``send``)."""
+    comm, ws = ranks.comm, ranks.ws
     p = comm.Get_size()
     if send.size == 0:
         return
@@ -58,27 +63,27 @@ def allreduce(comm: Any, node: shm.Node | None, send: np.ndarray, recv: np.ndarr
         return
     if p * send.nbytes <= GATHER_MAX_BYTES:
         _gather_fold(comm, send, recv, how, ws)
-    elif node is not None:
-        shm.allreduce(node, send, recv, how.dtype, how.op, how.prescale, how.postscale)
+    elif ranks.node is not None:
+        shm.allreduce(ranks.node, send, recv, how.dtype, how.op, how.prescale, how.postscale)
     else:
         ranges = balanced(send.size, p)
         lo, hi = ranges[comm.Get_rank()]
-        reduce_slices(comm, send, [b - a for a, b in ranges], recv[lo:hi], how, ws)
+        reduce_slices(ranks, send, [b - a for a, b in ranges], recv[lo:hi], how)
         _share(comm, recv, ranges)
 
 
-def reducescatter(comm: Any, node: shm.Node | None, send: np.ndarray, recv: np.ndarray,
-                  counts: Sequence[int], how: Reduction, ws: Scratch) -> None:
+def reducescatter(ranks: Ranks, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
+                  how: Reduction) -> None:
     """Rank i keeps the rank-order reduction of block i (``counts[i]`` elements) in ``recv``."""
     if send.size == 0:
         return
-    if comm.Get_size() == 1:
-        fold(recv, [send], how, ws)
-    elif node is not None:
-        shm.reducescatter(node, send, recv, counts, how.dtype, how.op, how.prescale,
+    if ranks.comm.Get_size() == 1:
+        fold(recv, [send], how, ranks.ws)
+    elif ranks.node is not None:
+        shm.reducescatter(ranks.node, send, recv, counts, how.dtype, how.op, how.prescale,
                           how.postscale)
     else:
-        reduce_slices(comm, send, counts, recv, how, ws)
+        reduce_slices(ranks, send, counts, recv, how)
 
 
 def fold(out: np.ndarray, sources: Sequence[np.ndarray], how: Reduction, ws: Scratch) -> None:
@@ -100,9 +105,10 @@ def _gather_fold(comm: Any, send: np.ndarray, recv: np.ndarray, how: Reduction, 
     fold(recv, [gathered[r * n:(r + 1) * n] for r in range(p)], how, ws)
 
 
-def reduce_slices(comm: Any, send: np.ndarray, counts: Sequence[int], out: np.ndarray,
-                  how: Reduction, ws: Scratch) -> None:
+def reduce_slices(ranks: Ranks, send: np.ndarray, counts: Sequence[int], out: np.ndarray,
+                  how: Reduction) -> None:
     """The direct reduce-scatter: rank j folds block j (``counts[j]`` long) of every rank."""
+    comm, ws = ranks.comm, ranks.ws
     p, r = comm.Get_size(), comm.Get_rank()
     size = send.itemsize
     mine = counts[r]

@@ -235,8 +235,8 @@ class DeviceGroup:
                                streams=1)
             elif self.rank_order and dtype in FLOATING:
                 ws = self._host_scratch.setdefault(channel.index, Scratch())
-                ordered.allreduce(comm, None, host, host,
-                                  Reduction(dtype, prescale, postscale, op), ws)
+                ordered.allreduce(ordered.Ranks(comm, None, ws), host, host,
+                                  Reduction(dtype, prescale, postscale, op))
             else:
                 mpi_ops.allreduce(host_group, host, host, dtype, op, prescale, postscale)
 
