@@ -147,3 +147,35 @@ def test_a_missing_config_file_is_named(capsys, tmp_path):
     code, _, err = dry(capsys, ["-np", "2", "--config-file", str(tmp_path / "nope.yaml"),
                                 "python", "t.py"])
     assert code == 2 and "nope.yaml" in err
+
+
+def test_a_missing_script_is_named_once_before_anything_starts(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = launch.main(["-np", "2", "--mpirun", "mpirun", "--mpi", "openmpi", "python",
+                        "nosuch.py"], environ=BASE)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("nosuch.py: no such file") == 1 and str(tmp_path) in err
+
+
+@pytest.mark.parametrize(("command", "missing"), [
+    (["python", "nosuch.py", "--lr", "1"], True),
+    (["/opt/venv/bin/python3.11", "-u", "-X", "dev", "nosuch.py"], True),
+    (["python", "-m", "mpitrain.horovod_compat", "nosuch.py"], False),
+    (["python", "-c", "print(1)"], False),
+    (["python", "--version"], False),
+    (["./train.sh", "nosuch.py"], False),
+    (["python", "here.py"], False),
+])
+def test_which_commands_name_a_missing_script(tmp_path, command, missing):
+    (tmp_path / "here.py").write_text("")
+    assert (launch.missing_script(command, str(tmp_path)) is not None) == missing
+
+
+def test_only_jobs_on_this_machine_check_the_script():
+    parser = launch.build_parser()
+    for hosts, local in ((None, True), ("localhost:2", True), ("node1:1,node2:1", False)):
+        args = parser.parse_args(["-np", "2", *(["-H", hosts] if hosts else []), "python",
+                                  "t.py"])
+        plan = launch.make_plan(args, BASE, launch.Flavor.OPENMPI, "mpirun", 8, True)
+        assert plan.local_only is local, hosts
