@@ -149,8 +149,8 @@ def test_every_installed_module_imports_and_a_torch_job_runs(env, tmp_path):
             "    if '.horovod_compat.shim' in name or name.endswith('__main__'):\n"
             "        continue  # imported as `horovod` / run as a program, not as modules\n"
             "    importlib.import_module(name)\n"
-            "assert mpitrain.__file__.startswith(%r), mpitrain.__file__\n"
-            "print(len(names))\n") % str(env)
+            f"assert mpitrain.__file__.startswith({str(env)!r}), mpitrain.__file__\n"
+            "print(len(names))\n")
     count = int(_check([python, "-c", walk], env=environ, cwd=tmp_path).stdout.split()[-1])
     assert count >= len([p for p in _source_files() if p.endswith(".py")]) - 10
     code = ("import torch, mpitrain as hvd\n"

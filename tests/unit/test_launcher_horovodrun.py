@@ -149,6 +149,26 @@ def test_a_missing_config_file_is_named(capsys, tmp_path):
     assert code == 2 and "nope.yaml" in err
 
 
+def test_open_mpi_ending_the_job_over_a_lost_node_is_no_success(tmp_path, capfd, monkeypatch):
+    # Open MPI 5.0.11 prints this and exits 0 when a node's daemon is lost, though the ranks
+    # never finished: mpitrainrun must report failure (the output still gets through).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")  # the script must exist: it is checked before launch
+    fake = tmp_path / "mpirun"
+    fake.write_text("#!/bin/sh\necho 'rank output'\n"
+                    "echo 'PRTE has lost communication with a remote daemon.' >&2\nexit 0\n")
+    fake.chmod(0o755)
+    code = launch.main(["--mpirun", str(fake), "--mpi", "openmpi", "-np", "2", "python", "t.py"],
+                       environ=BASE)
+    out, err = capfd.readouterr()
+    assert code == 1
+    assert "rank output" in out and "PRTE has lost communication" in err
+    assert "Open MPI lost a node's daemon" in err
+    fake.write_text("#!/bin/sh\necho 'fine' >&2\nexit 0\n")
+    assert launch.main(["--mpirun", str(fake), "--mpi", "openmpi", "-np", "2", "python",
+                        "t.py"], environ=BASE) == 0
+
+
 def test_a_missing_script_is_named_once_before_anything_starts(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     code = launch.main(["-np", "2", "--mpirun", "mpirun", "--mpi", "openmpi", "python",

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .. import horovod_compat
-from . import allocation, build_info, horovodrun_flags
+from . import allocation, build_info, horovodrun_flags, rdzv_launch
 from .discovery import Blacklist, DiscoveryError, DiscoveryScript
 from .discovery import place as place_on_hosts
 from .elastic_driver import DriverOptions, ElasticDriver, forwarding_signals, layout_string
@@ -41,6 +41,7 @@ from .launch_options import (
     settings_from_args,
     user_env,
 )
+from .launcher_report import StderrWatch, lost_daemon_message
 from .mpi_command import (
     SRUN_MPI_PLUGINS,
     Flavor,
@@ -51,6 +52,8 @@ from .mpi_command import (
     find_launcher,
     forwarded_names,
 )
+from .rdzv_options import RendezvousOptions, rendezvous_options
+from .rdzv_wire import SECRET_VARIABLE
 
 _OVERSUBSCRIBE_FLAGS = ("--oversubscribe", "-oversubscribe")
 
@@ -275,10 +278,18 @@ def check_hosts_resolve(hosts: Sequence[str]) -> None:
 
 
 def _run(argv: list[str]) -> int:
-    """Run the launcher, passing SIGINT/SIGTERM on to it, and return its exit code."""
-    proc = subprocess.Popen(argv)
+    """Run the launcher, passing SIGINT/SIGTERM on to it, and return its exit code (1 when
+    Open MPI ended the job over a lost node and still exited 0, see .launcher_report)."""
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    watch = StderrWatch(proc.stderr)
     with forwarding_signals(proc):
-        return proc.wait()
+        code = proc.wait()
+    watch.join(5.0)
+    if code == 0 and watch.daemon_lost.is_set():
+        print(lost_daemon_message("mpitrainrun"), file=sys.stderr)
+        return 1
+    return code
 
 
 def run_elastic(args: argparse.Namespace, plan_for: Callable[[list[HostSlots]], Plan],
@@ -318,6 +329,50 @@ def _default_launcher(mpi: str, environ: Mapping[str, str]) -> str:
         return "mpirun" if mpi == "openmpi" else "mpiexec"
 
 
+def _rendezvous(args: argparse.Namespace, opts: RendezvousOptions,
+                env: Mapping[str, str]) -> int:
+    """``--rdzv-endpoint``: this process is one node's agent (:mod:`.rdzv_launch`); the agent
+    that serves the rendezvous runs the launcher planned here, as any other launch."""
+    command = list(args.command)
+    if command and command[0].endswith(".py"):
+        command.insert(0, sys.executable)  # torchrun's habit: a script runs under this Python
+    job_env = {k: v for k, v in env.items() if k != SECRET_VARIABLE}  # never forwarded
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    try:
+        launcher = args.mpirun or _default_launcher(args.mpi, env)
+        flavor = Flavor(args.mpi) if args.mpi != "auto" else detect_flavor(launcher)
+        if elastic_requested(args) and flavor is not Flavor.OPENMPI:
+            raise ValueError(f"elastic options with --rdzv-endpoint need Open MPI (ULFM lets "
+                             f"the survivors go on); with {flavor.value} a lost rank ends the "
+                             "job, and the scheduler's restart of the tasks starts it again")
+
+        def plan(hosts: str, np: int, ssh: str) -> Plan:
+            placed = argparse.Namespace(**vars(args))
+            placed.hosts, placed.np, placed.command, placed.launcher = hosts, np, command, \
+                "mpirun"
+            placed.mpi_args = shlex.join(rdzv_launch.launcher_args(flavor, ssh)) + " " + \
+                args.mpi_args
+            return make_plan(placed, job_env, flavor, launcher, _cores(), as_root)
+
+        # Planned now, on stand-in node names, so that a bad option fails before any waiting
+        # (and so that --dry-run shows the command).
+        first = plan(rdzv_launch.host_list([(f"NODE{i}", opts.nproc)
+                                            for i in range(opts.nnodes)]),
+                     opts.nnodes * opts.nproc, "RDZV_SSH")
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"mpitrainrun: error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(shlex.join(first.argv))
+        return 0
+    # Elastic options with Open MPI run ULFM (make_plan added --with-ft ulfm): survivors of a
+    # lost node go on, so the agents must not end the job for it.  (Restart mode and host
+    # discovery were refused with the rendezvous.)
+    in_place = elastic_requested(args) and flavor is Flavor.OPENMPI
+    return rdzv_launch.run(opts, env, flavor, lambda h, n, s: plan(h, n, s).argv,
+                           elastic=in_place, verbose=args.verbose)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of ``mpitrainrun``; returns the job's exit code (2 for usage errors)."""
     parser = build_parser()
@@ -339,6 +394,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         return 0
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    try:
+        rendezvous = rendezvous_options(args)
+    except ValueError as exc:
+        print(f"mpitrainrun: error: {exc}", file=sys.stderr)
+        return 2
+    if rendezvous is not None:
+        return _rendezvous(args, rendezvous, env)
     try:
         hosts_given = args.hosts is not None or args.hostfile is not None
         alloc = None if hosts_given else allocation.detect(env)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from .. import config
 from ..version import __version__
 from . import horovodrun_flags
+from .rdzv_options import add_rendezvous_options
 
 _NAMES = {var.field: var.name for var in config.VARIABLES}
 
@@ -61,7 +62,10 @@ def build_parser() -> argparse.ArgumentParser:
                "  mpitrainrun -np 8 -H node1:4,node2:4 python train.py\n"
                "  mpitrainrun -np 16 --hostfile hosts -npernode 8 --dry-run python train.py\n"
                "  mpitrainrun -np 4 --mpi-args='--mca btl tcp,self' python train.py\n"
-               "  mpitrainrun --check-build\n\n"
+               "  mpitrainrun --check-build\n"
+               "  mpitrainrun --nnodes 4 --nproc-per-node 8 --rdzv-endpoint node1:29400 "
+               "train.py\n"
+               "      (once on every node, where a scheduler starts one task per node)\n\n"
                "Inside a Slurm allocation (no -H/--hostfile) the job runs through srun, with\n"
                "--mpi=pmix for Open MPI or --mpi=pmi2 for MPICH unless SLURM_MPI_TYPE or\n"
                "--mpi-args='--mpi=...' chooses; in a\n"
@@ -177,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
                               "(default 600)")
     elastic.add_argument("--discovery-interval", type=_nonneg_float, default=1.0, metavar="S",
                          help="seconds between runs of the discovery script (default 1)")
+
+    add_rendezvous_options(parser)
 
     mode = parser.add_argument_group("what to do")
     mode.add_argument("--dry-run", action="store_true",

@@ -10,12 +10,11 @@ average metrics with allreduce, print on rank 0 only.
 
 import argparse
 
+import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
 from sklearn.datasets import load_digits
-
-import horovod.torch as hvd
 
 parser = argparse.ArgumentParser(description="Horovod digits example")
 parser.add_argument("--epochs", type=int, default=3)

@@ -11,12 +11,11 @@ the broadcast and metric-average callbacks in ``model.fit``.
 
 import argparse
 
+import horovod.tensorflow as hvd
+import horovod.tensorflow.keras as hvd_keras
 import numpy as np
 import tensorflow as tf
 from sklearn.datasets import load_digits
-
-import horovod.tensorflow as hvd
-import horovod.tensorflow.keras as hvd_keras
 
 parser = argparse.ArgumentParser(description="Horovod TensorFlow 2 digits example")
 parser.add_argument("--steps", type=int, default=40)
