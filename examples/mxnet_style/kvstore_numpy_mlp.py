@@ -29,8 +29,8 @@ try:
 
     from mpitrain import kvstore
 except ImportError as _missing:  # name the extra that brings it
-    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[examples]' "
-             "(in a checkout: pip install -e '.[examples]')")
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[torch,examples]' "
+             "(in a checkout: pip install -e '.[torch,examples]')")
 
 
 def parse_args() -> argparse.Namespace:
