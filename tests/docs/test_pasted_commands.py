@@ -28,7 +28,7 @@ def _script(page: str) -> str:
     parts = ["set -euo pipefail"]
     for block in snippets.blocks(ROOT / page):
         if block.lang in snippets.SHELLS and block.action != "skip":
-            parts.append(f"echo '### {block.where}' >&2")
+            parts.append(f"echo \"### {block.where} (at ${{SECONDS}} s)\" >&2")
             parts.append(block.text)
     return "\n".join(parts) + "\n"
 
