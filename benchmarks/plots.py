@@ -214,13 +214,13 @@ PLOTS: dict[str, tuple[Callable[[Any], Any], tuple[str, ...]]] = {
 
 
 def caption(name: str) -> str:
-    """Which run(s) a plot shows: file, date, machine, load and command, one line each."""
+    """Which run(s) a plot shows: file, date, machine, load and command, a Markdown list."""
     lines = []
     for source in PLOTS[name][1]:
         info = run_info(source)
-        lines.append(f"`benchmarks/results/{source}`: {info['date']}, {info['machine']}; "
+        lines.append(f"* `benchmarks/results/{source}`: {info['date']}, {info['machine']}; "
                      f"{info['load']}. Command: `{info['command']}`")
-    return "\n".join(lines)
+    return "Run shown:\n\n" + "\n".join(lines)
 
 
 def render(names: list[str] | None = None) -> dict[str, bytes]:
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     for name, svg in render(args.only).items():
         (args.out / f"{name}.svg").write_bytes(svg)
-        print(f"{args.out / (name + '.svg')}: {caption(name).splitlines()[0][:100]}...")
+        print(f"{args.out / (name + '.svg')}: {caption(name).splitlines()[2][:100]}...")
     return 0
 
 
