@@ -76,7 +76,9 @@ def blocks(path: Path) -> list[Block]:
 
 
 def documentation_files() -> list[Path]:
-    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+    """Every Markdown file the site or the repository's front shows."""
+    return [ROOT / "README.md", ROOT / "ARCHITECTURE.md", ROOT / "CHANGELOG.md",
+            *sorted((ROOT / "docs").rglob("*.md"))]
 
 
 def readme_command(number: int) -> str:
