@@ -62,8 +62,10 @@ class DistributedDataParallel(nn.Module):
         check_reduction: deprecated in torch and ignored, as there.
         gradient_as_bucket_view: leave ``p.grad`` as views into the buckets (no copies).
         static_graph: accepted; the reducer needs no static-graph mode.
-        skip_all_reduce_unused_params, batched_grad_copy: torch's performance switches,
-            accepted; results are the same without them.
+        skip_all_reduce_unused_params: torch's performance switch, accepted; results are the
+            same without it.
+        batched_grad_copy: torch's performance switch, accepted; results are the same without
+            it.
         forward_sync_buffers: broadcast buffers from the first rank before each forward that
             follows a synchronised one (buffers are synced at init regardless).
 
