@@ -5,7 +5,7 @@ The collectives live in :mod:`.reduce_ops`, :mod:`.gather_ops`, :mod:`.broadcast
 the module name Horovod users know.
 """
 
-from ..collectives import Average, Max, Min, Product, Sum, join
+from ..collectives import Adasum, Average, Max, Min, Product, Sum, join
 from ..process_sets import ProcessSet, global_process_set
 from ..runtime import (
     cross_rank,
@@ -28,6 +28,7 @@ from .info_ops import local_rank_op, local_size_op, process_set_included_op, ran
 from .reduce_ops import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 
 __all__ = [
+    "Adasum",
     "Average",
     "Max",
     "Min",
