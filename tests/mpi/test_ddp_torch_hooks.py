@@ -128,18 +128,29 @@ def _pair(gloo, hook, state_for, bucket_mb):
     return a, b
 
 
+def _tolerance(name):
+    """Parameters agree to float32 rounding, except 16-bit sums beyond two ranks: Gloo adds
+    16-bit values one rank at a time, rounding after each addition, while mpitrain adds them
+    in float32 and rounds once, so each element may differ by a rounding of the format per
+    addition (seen at 4 ranks: up to 2e-4 relative for fp16, 3e-3 for bf16 after a step)."""
+    if SIZE == 2 or not ("fp16" in name or "bf16" in name):
+        return {"rtol": 1e-5, "atol": 1e-6}
+    return {"rtol": 4e-3, "atol": 2e-4} if "fp16" in name else {"rtol": 3e-2, "atol": 2e-3}
+
+
 @pytest.mark.parametrize("name", sorted(HOOKS))
 def test_torch_hook_with_no_group_equals_torch_ddp_over_gloo(gloo, name):
     a, b = _pair(gloo, *HOOKS[name])
-    train_lockstep(a, b, RANK, steps=5)
+    train_lockstep(a, b, RANK, steps=5, **_tolerance(name))
 
 
 @pytest.mark.parametrize("name", sorted(BATCHED))
 def test_batched_powersgd_behaves_as_in_torch_ddp_over_gloo(gloo, name):
     a, b = _pair(gloo, *BATCHED[name])
-    train_lockstep(a, b, RANK, steps=2)  # start_powerSGD_iter=2: plain allreduces so far
+    # start_powerSGD_iter=2: plain allreduces so far
+    train_lockstep(a, b, RANK, steps=2, **_tolerance(name))
     if not _torch_batched_powersgd_is_broken():
-        train_lockstep(a, b, RANK, steps=3)
+        train_lockstep(a, b, RANK, steps=3, **_tolerance(name))
         return
     # Both fail alike, on every rank, and neither hangs.
     x, y = batch(RANK, 2)

@@ -449,3 +449,35 @@ def test_reducescatter_with_adasum_on_integers_is_a_runtime_error():
             call()
         with pytest.raises(TypeError, match="floating"):
             call()
+
+
+# ------------------------------------------------------------------ the horovod.keras face
+def test_standalone_keras_face():
+    import mpitrain.keras as hk
+
+    mean = np.mean(np.arange(SIZE))
+    assert float(hk.allreduce(float(RANK))) == mean  # horovod.keras averages by default
+    np.testing.assert_array_equal(hk.allreduce([1, RANK], op=hk.Sum).numpy(),
+                                  [SIZE, sum(range(SIZE))])
+    np.testing.assert_array_equal(hk.allgather([[RANK]]).numpy(), [[r] for r in range(SIZE)])
+    np.testing.assert_array_equal(hk.broadcast(np.array([RANK + 1]), SIZE - 1).numpy(), [SIZE])
+    np.testing.assert_array_equal(hk.reducescatter(np.full([SIZE, 2], RANK), op=hk.Sum).numpy(),
+                                  np.full([1, 2], sum(range(SIZE))))
+
+    model = _layered_model(RANK)
+    x = tf.constant(np.ones([2, 3], np.float32))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(model(x))
+    grads = tape.gradient(loss, model.trainable_weights)
+    before = [v.numpy() for v in model.trainable_weights]
+    opt = hk.PartialDistributedOptimizer(keras.optimizers.SGD(1.0),
+                                         local_layers=model.layers[0])
+    opt.apply(grads, model.trainable_weights)
+    everyone = WORLD.allgather([g.numpy() for g in grads])
+    for i, (v, b) in enumerate(zip(model.trainable_weights, before)):
+        step = grads[i].numpy() / SIZE if i < 2 else np.mean([e[i] for e in everyone], 0)
+        np.testing.assert_allclose(v.numpy(), b - step, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="keras layers"):
+        hk.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=["dense"])
+    assert hk.callbacks.MetricAverageCallback is htf.keras.callbacks.MetricAverageCallback
+    assert hk.elastic.KerasState is htf.keras.elastic.KerasState
