@@ -430,6 +430,42 @@ def test_keras_and_v1_optimizers_keep_registered_local_variables():
     np.testing.assert_allclose(got, [0.0, RANK + 1 - np.mean(np.arange(1, SIZE + 1))])
 
 
+# ---------------------------------------------------------------------------- broadcast_
+@pytest.mark.parametrize("mode", MODES)
+def test_inplace_broadcast_of_variables(mode):
+    """Horovod's broadcast_: resource and (in v1 graphs) reference variables take the root's
+    values; the returned tensors are those values."""
+    root = SIZE - 1
+    dtypes = [tf.uint8, tf.int32, tf.float16, tf.float64, tf.bool]
+
+    def initial(d):
+        return tf.cast(tf.fill([3, 2], RANK % 2 if d == tf.bool else RANK), d)
+
+    if mode == "v1":
+        from tensorflow.python.ops.ref_variable import RefVariable
+
+        with tf.Graph().as_default():
+            variables = [RefVariable(initial(d)) for d in dtypes] + \
+                [tf.compat.v1.Variable(initial(d), use_resource=True) for d in dtypes]
+            out = htf.broadcast_(variables, root)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                got = sess.run(out)
+                after = sess.run([tf.convert_to_tensor(v) for v in variables])
+    else:
+        variables = [tf.Variable(initial(d)) for d in dtypes] + [keras.Variable(
+            np.full([3, 2], RANK, np.float32))]
+        def call():
+            return htf.broadcast_(variables, root)
+
+        got = [t.numpy() for t in (call() if mode == "eager" else tf.function(call)())]
+        after = [v.numpy() for v in variables]
+    for g, a, v in zip(got, after, variables):
+        want = np.full([3, 2], root % 2 if v.dtype == tf.bool else root)
+        np.testing.assert_array_equal(g, want.astype(g.dtype))
+        np.testing.assert_array_equal(a, g)
+
+
 # ------------------------------------------------------------------------ hvd.util & co
 def test_util_and_executing_eagerly():
     assert htf.util._executing_eagerly() and htf._executing_eagerly()

@@ -56,7 +56,7 @@ from .basics import init
 from .broadcast_ops import broadcast, grouped_broadcast
 from .compression import Compression
 from .distributed_optimizer import DistributedOptimizer
-from .functions import broadcast_global_variables, broadcast_variables
+from .functions import broadcast_, broadcast_global_variables, broadcast_variables
 from .gather_ops import allgather, alltoall, grouped_allgather
 from .gradients import GradientReducer
 from .hooks import BroadcastGlobalVariablesHook
@@ -90,6 +90,7 @@ __all__ = [
     "alltoall",
     "barrier",
     "broadcast",
+    "broadcast_",
     "broadcast_global_variables",
     "broadcast_object",
     "broadcast_variables",

@@ -23,6 +23,7 @@ from ..session import add_process_set, remove_process_set, shutdown
 from ._support import set_rank, set_size
 from .basics import init
 from .broadcast_ops import broadcast, grouped_broadcast
+from .functions import broadcast_
 from .gather_ops import allgather, alltoall, grouped_allgather
 from .info_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .reduce_ops import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
@@ -40,6 +41,7 @@ __all__ = [
     "allreduce",
     "alltoall",
     "broadcast",
+    "broadcast_",
     "cross_rank",
     "cross_size",
     "global_process_set",
