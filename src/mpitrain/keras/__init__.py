@@ -101,10 +101,14 @@ def allreduce(value: Any, name: str | None = None, average: bool | None = True,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0, op: Any = None,
               compression: type[Compressor] = Compression.none) -> Any:
     """The average (or ``op``) of ``value`` over every rank (see
-    :func:`mpitrain.tensorflow.keras.allreduce`)."""
-    if op is not None:
-        average = None  # op wins, as Horovod's handle_average_backwards_compatibility
-    return _values.allreduce(value, name, average, prescale_factor, postscale_factor, op,
+    :func:`mpitrain.tensorflow.keras.allreduce`).
+
+    ``average`` defaults to True here, as in ``horovod.keras``, so an ``op`` given beside it
+    wins (Horovod raises then: its default ``average`` collides with any ``op``).
+    """
+    if op is None:
+        op = Average if average or average is None else Sum
+    return _values.allreduce(value, name, None, prescale_factor, postscale_factor, op,
                              compression)
 
 
