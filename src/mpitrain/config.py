@@ -109,6 +109,7 @@ class Config:
     deadlock_time_seconds: float = 10.0
     allreduce_algorithm: str = "auto"
     allreduce_calibrate: bool = True
+    calibration_cache: str = "~/.cache/mpitrain/allreduce-choices.json"
     hierarchical_allreduce: bool = False
     hierarchical_pipeline: int = 0
     hierarchical_half_duplex: bool = True
@@ -171,6 +172,9 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("allreduce_calibrate", "MPITRAIN_ALLREDUCE_CALIBRATE", _parse_bool,
              "Across nodes, auto times mpi/hierarchical/ring on the first large allreduces of "
              "each size and keeps the fastest (the link decides); 0: the fixed size table."),
+    Variable("calibration_cache", "MPITRAIN_CALIBRATION_CACHE", _parse_str,
+             "File where rank 0 keeps auto's choices across runs, per node layout, link and "
+             "size class, so a job started again runs no trials; empty or 0: keep none."),
     Variable("hierarchical_allreduce", "MPITRAIN_HIERARCHICAL_ALLREDUCE", _parse_bool,
              "Prefer the hierarchical allreduce across nodes (same as algorithm=hierarchical).",
              ("HOROVOD_HIERARCHICAL_ALLREDUCE",)),

@@ -30,13 +30,14 @@ inputs (size, agreed topology, configuration), so the collectives always match.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..dtypes import ReduceOp
-from . import adasum, channels, hierarchical, mpi, ring, shm
+from . import adasum, calibration_cache, channels, hierarchical, mpi, ring, shm
 from .calibration import Calibration
 from .group import Group
 from .kernels import cpu
@@ -257,9 +258,25 @@ def _calibration(group: Group, nbytes: int, algorithm: str | None,
         # Below the one-node crossover: try what the table takes above it as well.
         chosen = _choose_allreduce(group, MPI_MAX_BYTES, requested)
     contenders = tuple(dict.fromkeys(("mpi", chosen.name, "ring")))
-    verbose = group.rank == 0 and group.config.logs_info
     calibration: Calibration = group.memo("calibration",
-                                          lambda: Calibration(contenders, verbose=verbose))
+                                          lambda: _new_calibration(group, contenders))
+    return calibration
+
+
+def _new_calibration(group: Group, contenders: tuple[str, ...]) -> Calibration:
+    """A calibration that starts from the choices an earlier run on the same layout and link
+    left (:mod:`.calibration_cache`) and records its own there.  Collective."""
+    verbose = group.rank == 0 and group.config.logs_info
+    calibration = Calibration(contenders, verbose=verbose)
+    if not calibration_cache.enabled(group):
+        return calibration
+    sig = calibration_cache.signature(group, calibration_cache.link_class(group))
+    for key, choice in calibration_cache.load(group, sig).items():
+        if choice in contenders:
+            calibration.decided[key] = choice
+            if verbose:
+                sys.stderr.write(calibration.describe(key) + "\n")
+    calibration.on_settle = lambda key, choice: calibration_cache.store(group, sig, key, choice)
     return calibration
 
 
