@@ -7,7 +7,7 @@ ranks and of an alltoall whose rows do not divide, ``tf.IndexedSlices`` averagin
 (PartialDistributedGradientTape, the model-parallel pattern), ``hvd.util``, and the error of
 ``op=Adasum`` on integers.  Each runs eagerly, in a ``tf.function`` and in a ``tf.compat.v1``
 graph where Horovod's test does (its tests run in graph and eager mode), at 2 ranks and at 3,
-where rows split unevenly.
+where rows split unevenly (the cases with nothing of their own beyond two ranks run at two only).
 """
 
 import os
@@ -41,9 +41,19 @@ REDUCED = ["uint8", "int8", "int32", "int64", "float16", "float32", "float64"]
 SCATTERED = ["int32", "int64", "float16", "float32", "float64"]
 
 
+# What a third rank adds is uneven splits and a third voice in a mismatch; the rest runs at
+# two ranks only (TensorFlow tests are slow: each case builds graphs and sessions on every rank).
+two_ranks_suffice = pytest.mark.skipif(SIZE != 2, reason="no path of its own beyond 2 ranks")
+
+
 @pytest.fixture(autouse=True)
 def _init(hvd):
     htf.init()
+
+
+@pytest.fixture
+def fresh_keras():
+    """Keras' global state (layer names, seeds) reset for a test that builds models."""
     keras.backend.clear_session()
 
 
@@ -135,6 +145,7 @@ def test_every_dtype_horovod_moves_reduces_and_scatters(mode):
                                       total[start:start + first].astype(d))
 
 
+@two_ranks_suffice
 def test_uint16_is_refused_by_reductions_as_by_horovod():
     with pytest.raises(TypeError, match="uint16"):
         htf.allreduce(tf.constant([1], tf.uint16))
@@ -175,6 +186,7 @@ def test_a_mismatch_is_a_failed_precondition_eagerly(kind):
     alive()
 
 
+@two_ranks_suffice
 @pytest.mark.parametrize("mode", ["function", "v1"])
 @pytest.mark.parametrize("kind", KINDS)
 def test_a_mismatch_in_a_graph_is_an_unknown_error_with_mpitrain_message(kind, mode):
@@ -257,6 +269,7 @@ def test_grouped_allreduce_of_mixed_dense_and_sparse(mode):
     np.testing.assert_allclose(averaged[1], sparse / SIZE, rtol=1e-6)
 
 
+@two_ranks_suffice
 @pytest.mark.parametrize("mode", MODES)
 def test_indexed_slices_refusals_are_horovods_not_implemented(mode):
     def refused(call):
@@ -274,6 +287,7 @@ def test_indexed_slices_refusals_are_horovods_not_implemented(mode):
 
 
 # ------------------------------------------------------------------- Compression.fp16
+@two_ranks_suffice
 def test_fp16_compression_of_tensorflow_tensors_as_horovods():
     for dtype in (tf.float16, tf.bfloat16, tf.float32, tf.float64):
         compressed, ctx = htf.Compression.fp16.compress(tf.ones([17, 17], dtype))
@@ -290,6 +304,7 @@ def test_fp16_compression_of_tensorflow_tensors_as_horovods():
     assert compressed.dtype == np.float16
 
 
+@two_ranks_suffice
 @pytest.mark.parametrize("mode", MODES)
 def test_fp16_compression_sends_float16(mode):
     # 1 + 2**-12 is not a float16: sent as one, every rank's sum is exactly SIZE.
@@ -313,7 +328,8 @@ def test_fp16_compression_sends_float16(mode):
 
 
 # ----------------------------------------------------------------- SyncBatchNormalization
-def test_sync_batch_norm_takes_horovods_keyword_arguments():
+@two_ranks_suffice
+def test_sync_batch_norm_takes_horovods_keyword_arguments(fresh_keras):
     x = np.stack([np.arange(8, dtype=np.float32).reshape(4, 2) * (r + 1) for r in range(SIZE)])
     sync = htf.SyncBatchNormalization(axis=1, fused=False, momentum=0.9, epsilon=1e-3,
                                       virtual_batch_size=None, adjustment=None, renorm=False,
@@ -340,7 +356,7 @@ def _layered_model(seed_rank):
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
 @pytest.mark.parametrize("local_count", [0, 1, 2])
-def test_partial_distributed_gradient_tape_keeps_local_layers(mode, local_count):
+def test_partial_distributed_gradient_tape_keeps_local_layers(mode, local_count, fresh_keras):
     model = _layered_model(RANK)  # Keras 3 variables: no ref(), unhashable
     x = tf.constant(np.linspace(0, 1, 6, dtype=np.float32).reshape(2, 3))
 
@@ -369,13 +385,14 @@ def test_partial_distributed_gradient_tape_keeps_local_layers(mode, local_count)
         np.testing.assert_allclose(got.numpy(), mine.numpy() / SIZE, rtol=1e-5)
 
 
+@two_ranks_suffice
 def test_partial_tape_refuses_what_is_not_a_layer():
     with pytest.raises(ValueError, match="keras layers"):
         htf.PartialDistributedGradientTape(tf.GradientTape(), local_layers=[object()])
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
-def test_model_parallel_model(mode):
+def test_model_parallel_model(mode, fresh_keras):
     """Horovod's test_model_parallel_model, for any size: each rank's embedding has its own
     vocabulary (a different shape per rank, registered local); the dense head is shared."""
     keras.utils.set_random_seed(3)
@@ -408,7 +425,8 @@ def test_model_parallel_model(mode):
     assert all(np.array_equal(h, heads[0]) for h in heads)  # the shared head stayed shared
 
 
-def test_keras_and_v1_optimizers_keep_registered_local_variables():
+@two_ranks_suffice
+def test_keras_and_v1_optimizers_keep_registered_local_variables(fresh_keras):
     local = keras.Variable(np.full([2], float(RANK + 1), np.float32))
     shared = keras.Variable(np.zeros([2], np.float32))
     opt = htf.DistributedOptimizer(keras.optimizers.SGD(1.0))
@@ -431,6 +449,7 @@ def test_keras_and_v1_optimizers_keep_registered_local_variables():
 
 
 # ---------------------------------------------------------------------------- broadcast_
+@two_ranks_suffice
 @pytest.mark.parametrize("mode", MODES)
 def test_inplace_broadcast_of_variables(mode):
     """Horovod's broadcast_: resource and (in v1 graphs) reference variables take the root's
@@ -468,6 +487,7 @@ def test_inplace_broadcast_of_variables(mode):
 
 
 # ------------------------------------------------------------------------ hvd.util & co
+@two_ranks_suffice
 def test_util_and_executing_eagerly():
     assert htf.util._executing_eagerly() and htf._executing_eagerly()
     inside = tf.function(lambda: tf.constant(htf._executing_eagerly()))()
@@ -489,7 +509,8 @@ def test_reducescatter_with_adasum_on_integers_is_a_runtime_error():
 
 
 # ------------------------------------------------------------------ the horovod.keras face
-def test_standalone_keras_face():
+@two_ranks_suffice
+def test_standalone_keras_face(fresh_keras):
     import mpitrain.keras as hk
 
     mean = np.mean(np.arange(SIZE))
