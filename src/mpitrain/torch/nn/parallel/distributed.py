@@ -207,10 +207,20 @@ class DistributedDataParallel(nn.Module):
 
         ``hook`` is a stateful compressor, ``model.register_comm_hook(None,
         hvd.Compression.powersgd(rank=4, start_iter=10))`` (also ``.topk(...)``,
-        ``.onebit()``), or torch's kind, ``hook(state, bucket) -> torch.futures.Future``
-        (torch's ``powerSGD_hook`` with its ``PowerSGDState``, which needs torch's default
-        process group: ``dist.init_process_group("mpitrain")``).  Call it once, before the
-        first backward; hooked buckets are reduced at the end of backward.
+        ``.onebit()``), or torch's kind, ``hook(state, bucket) -> torch.futures.Future``:
+        torch's own ``allreduce_hook``, ``fp16_compress_hook``, ``bf16_compress_hook``,
+        ``powerSGD_hook`` (with its ``PowerSGDState``), ``batched_powerSGD_hook`` and the
+        fp16/bf16 wrappers work after ``hvd.init()`` alone: with their process group None
+        they reduce over torch's default group, which the first hooked backward creates over
+        mpitrain when there is none (collective; a drop-in over a process set must give
+        them a torch group of its ranks instead).  Call it once, before the first backward;
+        hooked buckets are reduced at the end of backward.
+
+        Raises:
+            RuntimeError: a hook was registered already.
+            ValueError: with ``find_unused_parameters=True``, or a torch hook without a
+                group on a drop-in over a process set smaller than the job.
+            TypeError: ``hook`` is neither kind.
         """
         self.reducer.register_comm_hook(state, hook)
 
