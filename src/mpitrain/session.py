@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _mpi, finalize, runtime, survivors
+from . import _mpi, finalize, runtime, survivors, torch_adapters
 from .engine.device import cuda_awareness
 from .engine.engine import Engine
 from .engine.request import Kind, Request
@@ -73,6 +73,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
+    # init() told torch-based libraries the job is distributed (job_env): their env://
+    # rendezvous must then find mpitrain's, whether torch is loaded yet or not.
+    torch_adapters.register_when_torch_loads()
     if process_sets is not None and not isinstance(process_sets, str):
         for ps in process_sets:
             add_process_set(ps)

@@ -189,3 +189,38 @@ def test_the_ring_replaces_hierarchical_only_when_clearly_faster():
     # MPI's own within the margin of the fastest stays, whoever is fastest.
     costs = {"mpi": [0.104] * 3, "hierarchical": [0.11] * 3, "ring": [0.1] * 3}
     assert calibrate(costs).choice(32 << 20) == "mpi"
+
+
+class OneRankComm:
+    """A communicator of one rank, for the cache's collectives."""
+
+    def bcast(self, value, root=0):
+        return value
+
+
+def cache_group(path):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(rank=0, comm=OneRankComm(),
+                           config=SimpleNamespace(calibration_cache=str(path)))
+
+
+def test_cached_choices_hold_on_the_same_link_and_not_on_another(tmp_path):
+    from mpitrain.ops import calibration_cache as cache
+
+    group, sig = cache_group(tmp_path / "c.json"), "layout"
+    cache.store(group, sig, 1000.0, (False, 24), "hierarchical")
+    # Within the tolerance (either side, even across what used to be a class boundary).
+    assert cache.load(group, sig, 1900.0) == {(False, 24): "hierarchical"}
+    assert cache.load(group, sig, 600.0) == {(False, 24): "hierarchical"}
+    # Another link (a shaped-down one): nothing, and its decision replaces the old entry.
+    assert cache.load(group, sig, 4100.0) == {}
+    cache.store(group, sig, 4100.0, (False, 20), "ring")
+    assert cache.load(group, sig, 4000.0) == {(False, 20): "ring"}
+    assert cache.load(group, sig, 1000.0) == {}
+    # Another layout's signature sees nothing; a malformed or old-format entry is ignored.
+    assert cache.load(group, "other", 4000.0) == {}
+    (tmp_path / "c.json").write_text('{"layout": {"wide:24": "ring"}}')
+    assert cache.load(group, sig, 4000.0) == {}
+    assert cache.same_link(1.0, 2.0) and cache.same_link(2.0, 1.0)
+    assert not cache.same_link(1.0, 2.01) and not cache.same_link(0.0, 1.0)

@@ -26,7 +26,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 
 GROUND = {"_mpi", "adasum_layout", "binding", "config", "dtypes", "elastic_control", "errors",
           "failure", "finalize", "job_env", "launchers", "memory", "process_sets", "runtime",
-          "survivors", "topology", "version"}
+          "survivors", "topology", "torch_adapters", "version"}
 FRONT_DOOR = {"collectives", "arrays", "compression", "compressors"}
 ADAPTERS = {"torch", "tensorflow", "keras", "kvstore", "mxnet", "files", "scopes", "_face",
             "tensor_ops", "info", "elastic"}

@@ -284,13 +284,15 @@ def _new_calibration(group: Group, contenders: tuple[str, ...]) -> Calibration:
     calibration = Calibration(contenders, verbose=verbose)
     if not calibration_cache.enabled(group):
         return calibration
-    sig = calibration_cache.signature(group, calibration_cache.link_class(group))
-    for key, choice in calibration_cache.load(group, sig).items():
+    sig = calibration_cache.signature(group)
+    link_us = calibration_cache.link_probe(group)
+    for key, choice in calibration_cache.load(group, sig, link_us).items():
         if choice in contenders:
             calibration.decided[key] = choice
             if verbose:
                 sys.stderr.write(calibration.describe(key) + "\n")
-    calibration.on_settle = lambda key, choice: calibration_cache.store(group, sig, key, choice)
+    calibration.on_settle = lambda key, choice: calibration_cache.store(group, sig, link_us, key,
+                                                                         choice)
     return calibration
 
 

@@ -2,11 +2,13 @@
 
 :mod:`.calibration` times the contenders on a job's first allreduces of each size class.  Its
 decisions hold as long as what decided them holds: the node layout, the MPI library, mpitrain's
-own algorithms and the link.  Layout, library and version are known; the link is measured --
-a short probe (MPI's own Allreduce of :data:`PROBE_BYTES`, a few times, the slowest rank's
-median) put in a class of factors of two.  A job finds the choices of an earlier run with the
-same signature and runs no trials for those sizes; a shaped-down link, another cluster, a new
-mpitrain or MPI library is another signature, and calibrates afresh.
+own algorithms and the link.  Layout, library and version are known (the signature); the link
+is measured -- a short probe (MPI's own Allreduce of :data:`PROBE_BYTES`, a few times, the
+slowest rank's median) stored beside the choices.  A job finds the choices of an earlier run
+with the same signature and a probe within :data:`LINK_TOLERANCE` of the stored one, and runs
+no trials for those sizes; a shaped-down link, another cluster, a new mpitrain or MPI library
+calibrates afresh (and replaces that entry).  A tolerance rather than classes of factors of
+two: a probe near a class boundary flipped classes between runs of one cluster under load.
 
 Rank 0 alone reads and writes the file (``MPITRAIN_CALIBRATION_CACHE``; a JSON object, one
 entry per signature); what it read travels to the other ranks by broadcast, so every rank
@@ -34,6 +36,8 @@ from .group import Group
 
 PROBE_BYTES = 2 << 20
 PROBE_CALLS = 3
+# Probes within this factor of each other are the same link.
+LINK_TOLERANCE = 2.0
 
 Key = tuple[bool, int]  # a calibration size class: (16-bit element type, bits)
 
@@ -53,8 +57,8 @@ def enabled(group: Group) -> bool:
                                  root=0))
 
 
-def link_class(group: Group, clock: Callable[[], float] = time.perf_counter) -> int:
-    """The link as a class of factors of two of a probe's time (collective over the group)."""
+def link_probe(group: Group, clock: Callable[[], float] = time.perf_counter) -> float:
+    """The probe's time in microseconds, the same on every rank (collective over the group)."""
     buf = np.zeros(PROBE_BYTES // 4, dtype=np.float32)
     out = np.empty_like(buf)
     group.comm.Allreduce(buf, out)  # connections up before anything is timed
@@ -63,39 +67,48 @@ def link_class(group: Group, clock: Callable[[], float] = time.perf_counter) -> 
         start = clock()
         group.comm.Allreduce(buf, out)
         times.append(group.comm.allreduce(clock() - start, op=MPI.MAX))
-    return int(round(math.log2(max(statistics.median(times), 1e-6) * 1e6)))
+    return max(statistics.median(times), 1e-6) * 1e6
 
 
-def signature(group: Group, link: int) -> str:
-    """What the choices depend on, as one string (the same on every rank of the group)."""
+def same_link(stored_us: float, probed_us: float) -> bool:
+    """Whether two probes measured the same link (within :data:`LINK_TOLERANCE`)."""
+    return (stored_us > 0 and probed_us > 0
+            and abs(math.log(probed_us / stored_us)) <= math.log(LINK_TOLERANCE))
+
+
+def signature(group: Group) -> str:
+    """What the choices depend on besides the link, as one string (the same on every rank)."""
     local_sizes = group.comm.allgather(group.topology.local_size)
     library = MPI.Get_library_version().splitlines()[0].strip()
     return json.dumps({"mpitrain": __version__, "mpi": library, "ranks": group.size,
-                       "nodes": group.topology.num_nodes, "local_sizes": local_sizes,
-                       "link_class": link}, sort_keys=True)
+                       "nodes": group.topology.num_nodes, "local_sizes": local_sizes},
+                      sort_keys=True)
 
 
-def load(group: Group, sig: str) -> dict[Key, str]:
-    """The choices stored for ``sig`` (read on rank 0, broadcast); collective."""
+def load(group: Group, sig: str, link_us: float) -> dict[Key, str]:
+    """The choices stored for ``sig`` on this link (read on rank 0, broadcast); collective."""
     found: dict[str, str] = {}
     path = cache_path(group)
     if group.rank == 0 and path is not None:
-        entry = _read(path).get(sig)
-        if isinstance(entry, dict):
-            found = {text: choice for text, choice in entry.items()
-                     if isinstance(choice, str) and _valid(text)}
+        choices = _entry_choices(_read(path).get(sig), link_us)
+        found = {text: choice for text, choice in choices.items()
+                 if isinstance(choice, str) and _valid(text)}
     found = group.comm.bcast(found, root=0)
     return {_key(text): choice for text, choice in found.items()}
 
 
-def store(group: Group, sig: str, key: Key, choice: str) -> None:
-    """Record one decision (rank 0 writes; other ranks do nothing)."""
+def store(group: Group, sig: str, link_us: float, key: Key, choice: str) -> None:
+    """Record one decision (rank 0 writes; other ranks do nothing).  An entry measured on
+    another link is replaced, not merged."""
     path = cache_path(group)
     if group.rank != 0 or path is None:
         return
     data = _read(path)
     entry = data.get(sig)
-    data[sig] = {**(entry if isinstance(entry, dict) else {}), _text(key): choice}
+    kept = _entry_choices(entry, link_us)
+    # The first probe stays the reference (kept is non-empty only for a well-formed entry).
+    link = entry["link_us"] if kept and isinstance(entry, dict) else link_us
+    data[sig] = {"link_us": link, "choices": {**kept, _text(key): choice}}
     with contextlib.suppress(OSError):  # a read-only home must not fail a training step
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".allreduce-choices-", dir=path.parent)
@@ -104,7 +117,17 @@ def store(group: Group, sig: str, key: Key, choice: str) -> None:
         os.replace(tmp, path)
 
 
-def _read(path: Path) -> dict[str, dict[str, str]]:
+def _entry_choices(entry: object, link_us: float) -> dict[str, str]:
+    """An entry's choices if it is well formed and was measured on this link, else none."""
+    if not isinstance(entry, dict):
+        return {}
+    stored, choices = entry.get("link_us"), entry.get("choices")
+    if not isinstance(stored, (int, float)) or not isinstance(choices, dict):
+        return {}
+    return dict(choices) if same_link(float(stored), link_us) else {}
+
+
+def _read(path: Path) -> dict[str, object]:
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):

@@ -25,10 +25,17 @@ a stateful compressor of :mod:`mpitrain.compressors` (PowerSGD, top-k, 1-bit) av
 bucket's gradients itself, or a torch hook (``hook(state, bucket) -> Future``, torch's own
 ``allreduce_hook``, ``fp16_compress_hook``, ``powerSGD_hook`` ... among them) gets a
 :class:`GradBucket` with torch's methods; torch's hooks whose group is None reduce over torch's
-default group, created over mpitrain when none exists (:mod:`.torch_hooks`).  A compressor's buckets begin as they fill, strictly
-in bucket order (PowerSGD sends its P factors while backward runs), and are advanced and
-finished at the end of backward; a torch hook runs for each bucket at the end of backward, in
-bucket order.  Either way every rank makes the hook's collectives in the same order.
+default group, created over mpitrain when none exists (:mod:`.torch_hooks`).  Buckets begin
+as they fill, strictly in bucket order, while backward runs: a compressor's first stage
+(PowerSGD sends its P factors), or torch's one-collective hooks (``allreduce_hook``,
+``fp16_compress_hook``, ``bf16_compress_hook``), whose allreduce then overlaps the rest of
+backward as under torch's reducer.  Any other torch hook runs for each bucket at the end of
+backward, each waited for before the next: such a hook may chain collectives in its futures'
+callbacks (torch's ``powerSGD_hook`` does), which run on whichever thread completes the
+previous one, so two buckets in flight would issue them in different orders on different
+ranks.  At the end of backward a compressor's buckets are advanced and finished, and the
+hooks' futures waited for, in bucket order.  Either way every rank makes the hook's
+collectives in the same order.
 """
 
 from __future__ import annotations
@@ -37,6 +44,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .... import arrays, collectives, runtime
 from ....collectives import Handle
@@ -110,6 +118,21 @@ def reachable_parameters(outputs: Any) -> set[int]:
             found.add(id(variable))
         stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
     return found
+
+
+# torch's hooks that make one collective per bucket (no collective in a callback).
+_ONE_COLLECTIVE_HOOKS = (default_hooks.allreduce_hook, default_hooks.fp16_compress_hook,
+                         default_hooks.bf16_compress_hook)
+
+
+def _begins_in_backward(comm_hook: Any) -> bool:
+    """Whether buckets start while backward runs (see the module docstring): a compressor,
+    or one of torch's hooks that makes a single collective per bucket."""
+    if isinstance(comm_hook, GradientReducer):
+        return True
+    hook = comm_hook[1]
+    hook = getattr(hook, "func", hook)  # functools.partial, as torch's registry wraps them
+    return any(hook is known for known in _ONE_COLLECTIVE_HOOKS)
 
 
 class Reducer:
@@ -226,12 +249,11 @@ class Reducer:
         return self._comm_hook
 
     def _submit(self, bucket: Bucket) -> None:
-        if isinstance(self._comm_hook, GradientReducer):
-            self._hook_ready.add(bucket.index)
-            self._begin_hooked()
-            return
         if self._comm_hook is not None:
-            return  # reduced by the hook at the end of backward, in bucket order
+            if _begins_in_backward(self._comm_hook):
+                self._hook_ready.add(bucket.index)
+                self._begin_hooked()
+            return  # otherwise reduced by the hook at the end of backward, in bucket order
         host = self._host[bucket.index]
         target = bucket.flat
         if host is not None:
@@ -280,8 +302,19 @@ class Reducer:
         """Begin every complete bucket whose turn has come (bucket order, the same calls on
         every rank: the compressor's stages submit collectives)."""
         while len(self._begun) < len(self.buckets) and len(self._begun) in self._hook_ready:
-            b = self.buckets[len(self._begun)]
-            self._begun.append(self._comm_hook.begin(b.views, key=f"bucket{b.index}"))
+            self._begun.append(self._begin_bucket(self.buckets[len(self._begun)]))
+
+    def _begin_bucket(self, b: Bucket) -> Any:
+        """Start one bucket's reduction: a stateful compressor's first stage, or a torch hook
+        (``hook(state, bucket)``: its collectives go out now, as torch's reducer calls hooks
+        while backward runs; the future is waited for at the end of backward)."""
+        if isinstance(self._comm_hook, GradientReducer):
+            return self._comm_hook.begin(b.views, key=f"bucket{b.index}")
+        state, hook = self._comm_hook
+        if not self._torch_group_checked:
+            ensure_default_group_for(state, hook, self._process_set)
+            self._torch_group_checked = True
+        return hook(state, GradBucket(b, len(self.buckets)))
 
     def _run_comm_hook(self) -> None:
         count = len(self.buckets)
@@ -293,12 +326,12 @@ class Reducer:
             for i, started in enumerate(self._begun):
                 self._comm_hook.finish(started, last=i == count - 1)
             return
-        state, hook = self._comm_hook
-        if not self._torch_group_checked:
-            ensure_default_group_for(state, hook, self._process_set)
-            self._torch_group_checked = True
-        for b in self.buckets:
-            result = hook(state, GradBucket(b, count)).wait()
+        overlapped = _begins_in_backward(self._comm_hook)
+        assert len(self._begun) == (count if overlapped else 0)  # every bucket was ready
+        for i, b in enumerate(self.buckets):
+            # A hook that began in backward is waited for; any other runs now, alone.
+            future = self._begun[i] if overlapped else self._begin_bucket(b)
+            result = future.wait()
             result = result[0] if isinstance(result, (list, tuple)) else result
             # A hook may answer in another dtype, or (resized) in a longer buffer.
             b.flat[:b.numel].copy_(result.reshape(-1)[:b.numel])
