@@ -24,7 +24,7 @@ from mpi4py import MPI
 from .. import survivors, topology
 from ..config import Config
 from ..dtypes import STORAGE
-from ..errors import MpitrainInternalError
+from ..errors import MpitrainInternalError, ranks_text
 from . import autotune_sync, buckets
 from .autotune import Setting, start_setting
 from .negotiation import Response, wait_for
@@ -55,6 +55,8 @@ class Engine:
         self._stopping = False
         self._stopped = False
         self._stop_reason = ""
+        self._stopping_ranks: list[int] = []
+        self._peers_stopped: list[int] = []
         self._fatal: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._sets: dict[int, SetState] = {}
@@ -174,6 +176,12 @@ class Engine:
         for state in self._sets.values():
             state.close()
 
+    @property
+    def peers_stopped(self) -> list[int]:
+        """The other ranks whose shutdown stopped this engine while this rank did not ask to
+        stop (empty if it stopped for any other reason)."""
+        return list(self._peers_stopped)
+
     def abandon(self) -> None:
         """Stop without the other ranks taking part: revoke every communicator first, so
         that this thread's collectives (and the peers') fail instead of waiting for ranks
@@ -196,8 +204,7 @@ class Engine:
                 self.timeline.cycle(time.monotonic())
                 someone_pending, stop = self._cycle()
                 if stop:
-                    self._finish_all(self._stop_reason or "mpitrain was shut down on some rank "
-                                     "while this request was in flight")
+                    self._finish_all(self._stop_reason or _stopped_by(self._stopping_ranks))
                     return
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter
             self._fatal = exc
@@ -263,6 +270,10 @@ class Engine:
             someone_pending |= result.someone_pending
             self._execute(state, result.responses)
             if result.someone_stopping and is_global:
+                self._stopping_ranks = result.stopping_ranks
+                if not stopping:  # the others stopped this engine; this rank goes on
+                    self._peers_stopped = [r for r in result.stopping_ranks
+                                           if r != self.topology.rank]
                 return someone_pending, True
         return someone_pending, False
 
@@ -432,6 +443,13 @@ class Engine:
             "zero_copy_buckets": state.executor.zero_copy_buckets,
             "cached": len(state.negotiator.cache),
         }
+
+
+def _stopped_by(ranks: list[int]) -> str:
+    """Why requests fail once some rank shut down (its program ended, or it called shutdown())."""
+    who = ranks_text(ranks) if ranks else "some rank"
+    return (f"mpitrain was shut down on {who} (shutdown() was called there, or its program "
+            "ended) while this request was in flight")
 
 
 def _apply_to(state: SetState, setting: Setting) -> None:

@@ -79,6 +79,7 @@ class RoundResult:
     someone_stopping: bool
     someone_pending: bool
     extra: np.ndarray | None = None  # the header's extra words, AND-reduced
+    stopping_ranks: list[int] = field(default_factory=list)  # world ranks, when someone stops
 
 
 def wait_for(request: Any, on_slow: Callable[[float], None] | None = None,
@@ -217,8 +218,17 @@ class Negotiator:
         if everyone_stuck:
             responses.extend(self._break_deadlock())
         tail = header[2 * nwords + 2:].copy() if self.extra_words else None
+        stopping_ranks = self._who_stops(stopping) if flags_any & F_STOP else []
         return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING),
-                           tail)
+                           tail, stopping_ranks)
+
+    def _who_stops(self, stopping: bool) -> list[int]:
+        """The world ranks that asked to stop in this round, so that the others' errors can
+        name them.  Every rank saw the same flag in the same round, so all take part; it
+        happens once, at the end."""
+        everyone = np.zeros(self.size, dtype=np.uint8)
+        wait_for(self.comm.Iallgather(np.array([int(stopping)], dtype=np.uint8), everyone))
+        return [self.world_ranks[r] for r in np.flatnonzero(everyone).tolist()]
 
     def _evict(self, stale_anywhere: np.ndarray, nbits: int) -> None:
         for bit in _set_bits(stale_anywhere, nbits):
