@@ -93,7 +93,7 @@ def shutdown() -> None:
     if engine is None:
         return
     try:
-        engine.stop()
+        engine.stop(leaving=True)
     finally:
         registry.forget_all()  # ids are meaningless once the engine that gave them stopped
         runtime.stop()
@@ -139,7 +139,7 @@ def rebuild() -> list[int]:
             registry.forget_all()
             runtime.stop()
         try:
-            leavers = running.peers_stopped
+            leavers = running.peers_left
             if leavers:
                 lost, new_rank_of = _build_without(before, leavers)
             else:

@@ -56,7 +56,8 @@ class Engine:
         self._stopped = False
         self._stop_reason = ""
         self._stopping_ranks: list[int] = []
-        self._peers_stopped: list[int] = []
+        self._leaving = False  # this rank stops to leave the job (see stop())
+        self._peers_left: list[int] = []
         self._fatal: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._sets: dict[int, SetState] = {}
@@ -162,12 +163,18 @@ class Engine:
                 self._cond.notify()
         return handle
 
-    def stop(self) -> None:
-        """Stop the thread; every rank's pending requests fail; returns when it has ended."""
+    def stop(self, leaving: bool = False) -> None:
+        """Stop the thread; every rank's pending requests fail; returns when it has ended.
+
+        ``leaving``: this rank leaves the job (shutdown(), the end of its program) rather than
+        stopping to rebuild it with the others: ranks that go on learn it
+        (:attr:`peers_left`) and can rebuild without this one.
+        """
         with self._cond:
             if self._thread is None:
                 self._stopped = True
                 return
+            self._leaving = leaving
             self._stopping = True
             self._cond.notify()
         self._thread.join()
@@ -177,10 +184,10 @@ class Engine:
             state.close()
 
     @property
-    def peers_stopped(self) -> list[int]:
-        """The other ranks whose shutdown stopped this engine while this rank did not ask to
-        stop (empty if it stopped for any other reason)."""
-        return list(self._peers_stopped)
+    def peers_left(self) -> list[int]:
+        """The other ranks whose leaving the job (``stop(leaving=True)``) stopped this engine
+        while this rank did not ask to stop (empty if it stopped for any other reason)."""
+        return list(self._peers_left)
 
     def abandon(self) -> None:
         """Stop without the other ranks taking part: revoke every communicator first, so
@@ -262,7 +269,7 @@ class Engine:
                 continue
             is_global = state.id == GLOBAL_SET_ID
             result = state.negotiator.round(stopping, stuck, self.autotune.outgoing()
-                                            if is_global else None)
+                                            if is_global else None, self._leaving)
             if is_global and result.extra is not None:
                 setting = self.autotune.incoming(result.extra)
                 if setting is not None:
@@ -270,10 +277,9 @@ class Engine:
             someone_pending |= result.someone_pending
             self._execute(state, result.responses)
             if result.someone_stopping and is_global:
-                self._stopping_ranks = result.stopping_ranks
-                if not stopping:  # the others stopped this engine; this rank goes on
-                    self._peers_stopped = [r for r in result.stopping_ranks
-                                           if r != self.topology.rank]
+                self._stopping_ranks = result.leaving_ranks or result.stopping_ranks
+                if not stopping:  # others stopped this engine; this rank may go on
+                    self._peers_left = result.leaving_ranks
                 return someone_pending, True
         return someone_pending, False
 

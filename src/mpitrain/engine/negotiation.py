@@ -80,6 +80,7 @@ class RoundResult:
     someone_pending: bool
     extra: np.ndarray | None = None  # the header's extra words, AND-reduced
     stopping_ranks: list[int] = field(default_factory=list)  # world ranks, when someone stops
+    leaving_ranks: list[int] = field(default_factory=list)  # those of them that leave the job
 
 
 def wait_for(request: Any, on_slow: Callable[[float], None] | None = None,
@@ -164,8 +165,9 @@ class Negotiator:
 
     # ------------------------------------------------------------------------ the round
     def round(self, stopping: bool, stuck: bool = False,
-              extra: np.ndarray | None = None) -> RoundResult:
-        """Run one negotiation round; ``stuck``: this process has waited, idle, too long.
+              extra: np.ndarray | None = None, leaving: bool = False) -> RoundResult:
+        """Run one negotiation round; ``stuck``: this process has waited, idle, too long;
+        ``leaving``: this rank stops to leave the job (its program ends), not to rebuild it.
 
         ``extra``: this rank's ``extra_words`` words for the header's tail, AND-reduced like
         the rest and returned in the result (autotune's channel, :mod:`.autotune_sync`);
@@ -218,17 +220,23 @@ class Negotiator:
         if everyone_stuck:
             responses.extend(self._break_deadlock())
         tail = header[2 * nwords + 2:].copy() if self.extra_words else None
-        stopping_ranks = self._who_stops(stopping) if flags_any & F_STOP else []
+        stopping_ranks: list[int] = []
+        leaving_ranks: list[int] = []
+        if flags_any & F_STOP:
+            stopping_ranks, leaving_ranks = self._who_stops(2 if leaving and stopping
+                                                            else int(stopping))
         return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING),
-                           tail, stopping_ranks)
+                           tail, stopping_ranks, leaving_ranks)
 
-    def _who_stops(self, stopping: bool) -> list[int]:
-        """The world ranks that asked to stop in this round, so that the others' errors can
-        name them.  Every rank saw the same flag in the same round, so all take part; it
-        happens once, at the end."""
+    def _who_stops(self, code: int) -> tuple[list[int], list[int]]:
+        """The world ranks that asked to stop in this round, and those of them that leave the
+        job (code 2; 1 is a stop to rebuild), so that the others' errors can name them and the
+        others can rebuild without the leavers.  Every rank saw the same flag in the same
+        round, so all take part; it happens once, at the end."""
         everyone = np.zeros(self.size, dtype=np.uint8)
-        wait_for(self.comm.Iallgather(np.array([int(stopping)], dtype=np.uint8), everyone))
-        return [self.world_ranks[r] for r in np.flatnonzero(everyone).tolist()]
+        wait_for(self.comm.Iallgather(np.array([code], dtype=np.uint8), everyone))
+        return ([self.world_ranks[r] for r in np.flatnonzero(everyone).tolist()],
+                [self.world_ranks[r] for r in np.flatnonzero(everyone == 2).tolist()])
 
     def _evict(self, stale_anywhere: np.ndarray, nbits: int) -> None:
         for bit in _set_bits(stale_anywhere, nbits):
