@@ -8,6 +8,7 @@ group over the same ranks uses the TCP store that fallback served from rank 0.
 """
 
 import os
+import struct
 import warnings
 
 import pytest
@@ -320,7 +321,8 @@ def _listening(port: int) -> list[str]:
     found = []
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         try:
-            lines = open(table).read().splitlines()[1:]
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
         except OSError:
             continue
         for line in lines:
@@ -331,8 +333,7 @@ def _listening(port: int) -> list[str]:
                 if len(raw) == 4:
                     found.append(".".join(str(b) for b in raw[::-1]))
                 else:
-                    found.append(":".join(f"{w:08x}" for w in
-                                          __import__("struct").unpack("<4I", raw)))
+                    found.append(":".join(f"{w:08x}" for w in struct.unpack("<4I", raw)))
     return found
 
 

@@ -25,9 +25,8 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 GROUND = {"_mpi", "adasum_layout", "binding", "config", "departures", "dtypes", "elastic_control",
-          "errors",
-          "failure", "finalize", "job_env", "launchers", "memory", "process_sets", "runtime",
-          "survivors", "topology", "version"}
+          "errors", "failure", "finalize", "job_env", "launchers", "memory", "private",
+          "process_sets", "runtime", "survivors", "topology", "version"}
 FRONT_DOOR = {"collectives", "arrays", "compression", "compressors"}
 ADAPTERS = {"torch", "tensorflow", "kvstore", "mxnet", "files", "scopes", "_face", "info",
             "elastic"}
