@@ -275,6 +275,16 @@ class Engine:
                 if setting is not None:
                     self._apply(setting)
             someone_pending |= result.someone_pending
+            if result.gave_up:
+                # Requests failed because some rank never submitted them: the ranks have
+                # drawn different numbers of unnamed names (one called a collective the
+                # others did not, or by name where they did not), and every later unnamed
+                # collective would pair with another rank's earlier one.  Once nothing is
+                # pending anywhere (nobody is ahead with work still to pair), take the
+                # largest count everywhere, so the next unnamed collective pairs up again.
+                # Before the failed handles complete: their waiters must not name anything
+                # until the counts agree.
+                self._align_names(state, only_if_quiet=True)
             self._execute(state, result.responses)
             if result.someone_stopping and is_global:
                 self._stopping_ranks = result.leaving_ranks or result.stopping_ranks
@@ -335,8 +345,9 @@ class Engine:
                           nbytes))
         tuner.record(batch)
 
-    def _align_names(self, state: SetState) -> None:
-        """Give every rank the same unnamed-request counters once a join has completed.
+    def _align_names(self, state: SetState, only_if_quiet: bool = False) -> None:
+        """Give every rank the same unnamed-request counters once a join has completed (or
+        requests were given up on: see _cycle).
 
         While some ranks were joined, the others went on submitting (allreduces that ran with
         zeros from the joined ranks, or requests refused because of the join), so their
@@ -347,10 +358,13 @@ class Engine:
         assert state.negotiator is not None
         kinds = list(Kind)
         with self._cond:
-            counts = np.array([state.name_counters.get(k, 0) for k in kinds], dtype=np.int64)
+            counts = np.array([state.name_counters.get(k, 0) for k in kinds]
+                              + [len(state.negotiator.pending)], dtype=np.int64)
         wait_for(state.negotiator.comm.Iallreduce(MPI.IN_PLACE, counts, op=MPI.MAX))
+        if only_if_quiet and counts[-1] > 0:
+            return  # some rank still waits for its peers' calls: their numbers still count
         with self._cond:
-            for kind, count in zip(kinds, counts.tolist()):
+            for kind, count in zip(kinds, counts[:-1].tolist()):
                 state.name_counters[kind] = count
 
     def _control(self, resp: Response) -> None:
