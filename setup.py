@@ -21,6 +21,8 @@ TEST = [
     "mypy>=1.10",
     "scikit-learn>=1.3",
     "tqdm>=4.60",
+    "hypothesis>=6.100",  # tests/mpi/properties_bad_input.py
+    "matplotlib>=3.8",  # benchmarks/chaos_soak.py's plot (its short run is a CI test)
 ]
 
 GPU_COMPILE = [
