@@ -137,7 +137,8 @@ def workers(rundir: Path) -> list[int]:
                     continue
         except OSError:
             continue
-        if any(a.endswith("chaos_worker.py") for a in argv) and mine in argv:
+        # python chaos_worker.py RUNDIR: not the launcher nor mpirun, whose argv name it too.
+        if len(argv) > 2 and argv[1].endswith("chaos_worker.py") and argv[2] == mine:
             found.append(int(entry))
     return sorted(found)
 
@@ -214,10 +215,15 @@ class Soak:
 
     # ---------------------------------------------------------------- faults
     def live(self) -> list[int]:
+        """Ranks that are training and not already doomed (an order not yet carried out: its
+        rank dies at its next step or commit, so it must not count as a survivor)."""
         events = read_events(self.rundir)
         running = started_pids(events)
         done = {e["pid"] for e in events if e["event"] in ("done", "dying")}
-        return [p for p in workers(self.rundir) if p in running and p not in done]
+        doomed = {int(p.name) for p in (self.rundir / "orders").glob("*")}
+        doomed |= {e["pid"] for e in events if e["event"] == "order"}
+        return [p for p in workers(self.rundir)
+                if p in running and p not in done and p not in doomed]
 
     def inject(self, kind: str, now: float) -> None:
         live = self.live()
@@ -313,7 +319,8 @@ class Soak:
                     row = sample(pid)
                     if row is not None:
                         self.samples.append({"t": now, **row})
-                self.shm.append({"t": now, "new_entries": len(shm_entries() - shm_before)})
+                self.shm.append({"t": now, "entries": len([
+                    e for e in shm_entries() if f"{self.cluster.name}-node" in e])})
                 if now >= next_fault:
                     self.inject(kinds[n % len(kinds)], now)
                     n += 1
@@ -342,7 +349,10 @@ class Soak:
             outcome["left_running"] = workers(self.rundir)
             self.cluster.destroy()
         time.sleep(1.0)
-        outcome["shm_left"] = sorted(shm_entries() - shm_before)
+        # Only this job's: Open MPI names its segments after the host (sm_segment.HOST...),
+        # and other jobs on this machine may come and go meanwhile.
+        outcome["shm_left"] = sorted(e for e in shm_entries() - shm_before
+                                     if f"{self.cluster.name}-node" in e)
         return outcome
 
     # ---------------------------------------------------------------- the verdict

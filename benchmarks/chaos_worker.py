@@ -141,7 +141,7 @@ def main() -> None:
                 state.step += 1
                 if hvd.rank() == 0:
                     log("step", step=state.step, seconds=time.time() - started,
-                        loss=float(loss), size=hvd.size())
+                        loss=loss.item(), size=hvd.size())
                 if args.step_sleep:
                     time.sleep(args.step_sleep)
                 if state.step % COMMIT_EVERY:
@@ -150,7 +150,7 @@ def main() -> None:
                     threading.Timer(random.uniform(0, 0.002), die).start()
                 state.commit()
                 log("commit", step=state.step, rank=hvd.rank(), size=hvd.size(),
-                    loss=float(loss))
+                    loss=loss.item())
                 # Stop when the soak says so, at the same step everywhere (rank 0 decides).
                 if hvd.broadcast_object(stop.exists(), root_rank=0, name="soak.stop"):
                     return
