@@ -4,12 +4,14 @@
     hvd.init()
     ...
 
-This package is the Horovod face for PyTorch (``import mpitrain.torch as hvd`` is the same);
+This package is the Horovod face (``import mpitrain.torch as hvd`` is the same, with torch);
 its names are defined in ``_face.py`` and loaded the first time one is used (PEP 562), so that
 ``import mpitrain.runner`` -- ``mpitrainrun``, ``mpitrain-hostfile`` -- runs in a fraction of a
 second on a login node without torch, numba or MPI.  ``from mpitrain import allreduce``,
-``hvd.init()``, ``dir(hvd)`` and ``from mpitrain import *`` all load the face; so does any
-import of ``mpitrain.torch`` (which also registers the torch.distributed backend).
+``hvd.init()``, ``dir(hvd)`` and ``from mpitrain import *`` all load the face.  The face itself
+needs no torch (collectives take numpy arrays too); the torch-only names
+(``DistributedOptimizer``, ``broadcast_parameters``, ...) load the torch face on first use, and
+without torch installed they raise an ImportError naming the extra to install.
 
 Importing mpitrain does not start MPI; ``init()`` does.  It does set what MPI reads when it
 starts (see ``_mpi.prepare_environment``), so import mpitrain before mpi4py.
@@ -37,13 +39,25 @@ if TYPE_CHECKING:
 
 def _load_face() -> None:
     """Import the face and bind its names here, so later lookups never come back."""
-    # The face imports torch: loaded on first use, so that `import mpitrain` stays light.
+    # The face imports numba and the engine: loaded on first use, so `import mpitrain` is light.
     from . import _face
 
     namespace = globals()
     for name in _face.__all__:
         namespace[name] = getattr(_face, name)
-    namespace["__all__"] = list(_face.__all__)
+    # A star import asks for every name in __all__: the torch names only where torch is.
+    with_torch = importlib.util.find_spec("torch") is not None
+    namespace["__all__"] = sorted([*_face.__all__, *(_face.TORCH_NAMES if with_torch else ())])
+
+
+def _load_torch_name(name: str, module: str) -> Any:
+    """Bind ``name`` from the torch face (``mpitrain.torch.<module>``), or say what to install."""
+    if importlib.util.find_spec("torch") is None:
+        raise ImportError(f"mpitrain.{name} needs PyTorch, which is not installed: "
+                          "pip install 'mpitrain[torch]'")
+    value = getattr(importlib.import_module(f"{__name__}.torch.{module}"), name)
+    globals()[name] = value
+    return value
 
 
 def __getattr__(name: str) -> Any:
@@ -56,12 +70,15 @@ def __getattr__(name: str) -> Any:
     if importlib.util.find_spec(f"{__name__}.{name}") is not None:
         return importlib.import_module(f"{__name__}.{name}")
     _load_face()
-    try:
+    if name in globals():
         return globals()[name]
-    except KeyError:
-        raise AttributeError(f"module 'mpitrain' has no attribute {name!r}") from None
+    from ._face import TORCH_NAMES  # already loaded by _load_face
+
+    if name in TORCH_NAMES:
+        return _load_torch_name(name, TORCH_NAMES[name])
+    raise AttributeError(f"module 'mpitrain' has no attribute {name!r}")
 
 
 def __dir__() -> list[str]:
     _load_face()
-    return sorted(globals())
+    return sorted(set(globals()) | set(__all__))

@@ -1,9 +1,14 @@
-"""The Horovod face for PyTorch: every name of ``import mpitrain as hvd``, in ``__all__``.
+"""The Horovod face: every name of ``import mpitrain as hvd``, in ``__all__``.
 
 ``mpitrain/__init__.py`` loads this module the first time one of these names is used, so
 that ``import mpitrain.runner`` (the launcher, the hostfile tool) never imports torch, numba
-or MPI.  Add a public name here, import and ``__all__`` both; the package root needs no edit.
-The path of a gradient continues in ``torch/optimizer.py``, then ``engine/``, then ``ops/``.
+or MPI.  Nothing here imports torch either: the collectives take numpy arrays as well as torch
+tensors (:mod:`mpitrain.tensor_ops`), and the names that exist only for torch
+(``TORCH_NAMES``: ``DistributedOptimizer``, ``broadcast_parameters``, ...) are loaded from the
+torch face when first used, so a numpy-only environment runs ``hvd.init()`` and
+``hvd.allreduce`` without torch installed.  Add a public name here, import and ``__all__``
+both (or a ``TORCH_NAMES`` row); the package root needs no edit.  The path of a gradient
+continues in ``torch/optimizer.py``, then ``engine/``, then ``ops/``.
 """
 
 from .collectives import (
@@ -62,9 +67,7 @@ from .runtime import (
     size,
 )
 from .session import add_process_set, init, remove_process_set, shutdown
-from .torch.checkpoint import latest_checkpoint, load_checkpoint, save_checkpoint
-from .torch.functions import broadcast_optimizer_state, broadcast_parameters
-from .torch.mpi_ops import (
+from .tensor_ops import (
     allgather,
     allreduce,
     alltoall,
@@ -73,30 +76,36 @@ from .torch.mpi_ops import (
     grouped_allreduce,
     grouped_reducescatter,
     reducescatter,
-    sparse_allreduce_async,
 )
-from .torch.optimizer import DistributedOptimizer, OptimizerUsageError
-from .torch.sampler import DistributedSampler
-from .torch.sync_batch_norm import SyncBatchNorm
 from .version import __version__
+
+# Names only the torch face has: name -> module of mpitrain.torch that defines it.
+TORCH_NAMES = {
+    "DistributedOptimizer": "optimizer",
+    "OptimizerUsageError": "optimizer",
+    "DistributedSampler": "sampler",
+    "SyncBatchNorm": "sync_batch_norm",
+    "broadcast_optimizer_state": "functions",
+    "broadcast_parameters": "functions",
+    "latest_checkpoint": "checkpoint",
+    "load_checkpoint": "checkpoint",
+    "save_checkpoint": "checkpoint",
+    "sparse_allreduce_async": "autograd_ops",
+}
 
 __all__ = [
     "Adasum",
     "Average",
     "Compression",
-    "DistributedOptimizer",
-    "DistributedSampler",
     "Handle",
     "HorovodInternalError",
     "Max",
     "Min",
     "MpitrainInternalError",
-    "OptimizerUsageError",
     "ProcessSet",
     "Product",
     "ReduceOp",
     "Sum",
-    "SyncBatchNorm",
     "__version__",
     "add_process_set",
     "allgather",
@@ -114,8 +123,6 @@ __all__ = [
     "broadcast_async",
     "broadcast_async_",
     "broadcast_object",
-    "broadcast_optimizer_state",
-    "broadcast_parameters",
     "ccl_built",
     "cross_rank",
     "cross_size",
@@ -136,8 +143,6 @@ __all__ = [
     "is_homogeneous",
     "is_initialized",
     "join",
-    "latest_checkpoint",
-    "load_checkpoint",
     "local_rank",
     "local_size",
     "mpi_built",
@@ -150,10 +155,8 @@ __all__ = [
     "reducescatter_async",
     "remove_process_set",
     "rocm_built",
-    "save_checkpoint",
     "shutdown",
     "size",
-    "sparse_allreduce_async",
     "start_timeline",
     "stop_timeline",
     "synchronize",

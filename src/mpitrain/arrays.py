@@ -6,40 +6,36 @@ no copy; a CUDA tensor, a cupy array or any ``__cuda_array_interface__`` array b
 view of the same device memory (DLPack for torch), again with no copy.  Results are allocated
 in the caller's framework, on the caller's device, so that what comes back is the same kind of
 object that went in.  The device kind (``cpu``/``cuda``) is part of what ranks negotiate.
+
+torch is never imported here: a torch tensor can exist only once its caller imported torch, so
+``sys.modules`` tells whether an argument can be one.  A numpy or TensorFlow user neither needs
+torch installed nor pays for loading it.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import reprlib
+import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from . import runtime
 from .engine.device import cuda_available, require_cupy
 from .memory import RECYCLER
 
-_TORCH_NAMES = {
-    torch.uint8: "uint8",
-    torch.int8: "int8",
-    torch.int16: "int16",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.float32: "float32",
-    torch.float64: "float64",
-    torch.bool: "bool",
-}
-_TORCH_TYPES = {name: dtype for dtype, name in _TORCH_NAMES.items()}
-# numpy arrays torch.from_numpy accepts for each dtype (bfloat16 through int16 bits).
-_TORCH_STORAGE = {
-    torch.uint8: np.uint8, torch.int8: np.int8, torch.int16: np.int16, torch.int32: np.int32,
-    torch.int64: np.int64, torch.float16: np.float16, torch.bfloat16: np.int16,
-    torch.float32: np.float32, torch.float64: np.float64, torch.bool: np.bool_,
+if TYPE_CHECKING:
+    import torch
+
+# torch's element types by their names in mpitrain.dtypes, with the numpy type torch.from_numpy
+# accepts for each (bfloat16 travels as int16 bits).
+_TORCH_STORAGE_BY_NAME = {
+    "uint8": np.uint8, "int8": np.int8, "int16": np.int16, "int32": np.int32,
+    "int64": np.int64, "float16": np.float16, "bfloat16": np.int16, "float32": np.float32,
+    "float64": np.float64, "bool": np.bool_,
 }
 _NUMPY_NAMES = {
     "uint8": "uint8", "int8": "int8", "int16": "int16", "int32": "int32", "int64": "int64",
@@ -48,13 +44,26 @@ _NUMPY_NAMES = {
 }
 
 
+def loaded_torch() -> Any:
+    """The torch module if this process has imported it, else None (never imports it)."""
+    return sys.modules.get("torch")
+
+
 def is_torch(x: Any) -> bool:
-    return isinstance(x, torch.Tensor)
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(x, torch.Tensor)
+
+
+@functools.cache
+def _torch_names() -> dict[Any, str]:
+    """torch dtype -> mpitrain dtype name; called only once a torch tensor was seen."""
+    torch = sys.modules["torch"]
+    return {getattr(torch, name): name for name in _TORCH_STORAGE_BY_NAME}
 
 
 def is_cuda(x: Any) -> bool:
     """A CUDA torch tensor, or a device array exposing ``__cuda_array_interface__``."""
-    if isinstance(x, torch.Tensor):
+    if is_torch(x):
         return bool(x.is_cuda)
     return hasattr(x, "__cuda_array_interface__")
 
@@ -77,11 +86,11 @@ def dtype_name(x: Any, what: str = "tensor") -> str:
     Raises:
         TypeError: ``x`` is not a tensor/array, or its element type is unsupported.
     """
-    if isinstance(x, torch.Tensor):
-        name = _TORCH_NAMES.get(x.dtype)
+    if is_torch(x):
+        name = _torch_names().get(x.dtype)
         if name is None:
             raise TypeError(f"{what} has unsupported dtype {x.dtype}; supported: "
-                            f"{sorted(str(d) for d in _TORCH_NAMES)}")
+                            f"{sorted(str(d) for d in _torch_names())}")
         return name
     if isinstance(x, np.ndarray):
         name = _NUMPY_NAMES.get(x.dtype.name)
@@ -106,7 +115,7 @@ def device_of(x: Any) -> str:
 
 def device_index(x: Any) -> int | None:
     """The CUDA device ``x`` lives on, or None for host memory."""
-    if isinstance(x, torch.Tensor):
+    if is_torch(x):
         return x.device.index if x.is_cuda else None
     if hasattr(x, "__cuda_array_interface__"):
         device = getattr(x, "device", None)
@@ -119,8 +128,8 @@ def device_index(x: Any) -> int | None:
 
 def current_stream(x: Any) -> int:
     """The stream the caller's framework is using for ``x`` now (a raw cudaStream_t)."""
-    if isinstance(x, torch.Tensor):
-        return int(torch.cuda.current_stream(x.device).cuda_stream)
+    if is_torch(x):
+        return int(sys.modules["torch"].cuda.current_stream(x.device).cuda_stream)
     return int(_cupy("a CUDA array").cuda.get_current_stream().ptr)
 
 
@@ -145,10 +154,10 @@ def check_tensor(x: Any, what: str = "tensor") -> str:
     if is_cuda(x):
         _cupy(f"a collective on {what} (on CUDA)")  # a clear error without cupy or a GPU
         _check_bound_device(x, what)
-    elif isinstance(x, torch.Tensor) and not x.is_cpu:
+    elif is_torch(x) and not x.is_cpu:
         raise TypeError(f"{what} is on {x.device}; mpitrain's data plane handles CPU and CUDA "
                         "tensors")
-    if isinstance(x, torch.Tensor):
+    if is_torch(x):
         if x.is_sparse:
             raise TypeError(f"{what} is sparse; allreduce sparse gradients through allgather "
                             "(DistributedOptimizer does this) or densify with .to_dense()")
@@ -166,7 +175,8 @@ def storage_view(x: Any) -> Any:
     memory, cupy for device memory."""
     if is_cuda(x):
         cupy = _cupy("a collective on CUDA tensors")
-        if isinstance(x, torch.Tensor):
+        if is_torch(x):
+            torch = sys.modules["torch"]
             x = x.detach()
             if x.dtype == torch.bfloat16:
                 return cupy.from_dlpack(x.view(torch.int16)).view(np.uint16)
@@ -174,7 +184,8 @@ def storage_view(x: Any) -> Any:
                 return cupy.from_dlpack(x.view(torch.uint8)).view(np.bool_)
             return cupy.from_dlpack(x)
         return cupy.asarray(x)
-    if isinstance(x, torch.Tensor):
+    if is_torch(x):
+        torch = sys.modules["torch"]
         if x.requires_grad:
             x = x.detach()
         if x.dtype == torch.bfloat16:
@@ -189,8 +200,9 @@ def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
     """A new uninitialised array of ``x``'s kind, dtype and device; (array, storage view)."""
     out: Any
     shape = tuple(x.shape) if shape is None else shape
+    torch = sys.modules["torch"] if is_torch(x) else None
     if is_cuda(x):
-        if isinstance(x, torch.Tensor):
+        if torch is not None:
             out = torch.empty(shape, dtype=x.dtype, device=x.device)
         else:
             cupy = _cupy("a collective on CUDA arrays")
@@ -202,12 +214,13 @@ def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
         # Large outputs come from recycled, huge-page memory: a fresh 64 MiB tensor would
         # spend longer in page faults than the allreduce takes (see mpitrain.memory).
         raw = RECYCLER.take(nbytes)
-        if isinstance(x, torch.Tensor):
-            out = torch.from_numpy(raw.view(_TORCH_STORAGE[x.dtype])).view(x.dtype).view(shape)
+        if torch is not None:
+            storage = _TORCH_STORAGE_BY_NAME[_torch_names()[x.dtype]]
+            out = torch.from_numpy(raw.view(storage)).view(x.dtype).view(shape)
         else:
             out = raw.view(x.dtype).reshape(shape)
         return out, storage_view(out)
-    if isinstance(x, torch.Tensor):
+    if torch is not None:
         out = torch.empty(shape, dtype=x.dtype, device=x.device)
     else:
         out = np.empty(shape, dtype=x.dtype)
@@ -215,7 +228,7 @@ def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
 
 
 def _itemsize(x: Any) -> int:
-    if isinstance(x, torch.Tensor):
+    if is_torch(x):
         return int(x.element_size())
     return int(x.dtype.itemsize)
 

@@ -15,14 +15,22 @@ from abc import ABC, abstractmethod
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
+
+from .arrays import is_torch, loaded_torch
 
 if TYPE_CHECKING:
     from .compressors import OneBit, PowerSGD, TopK
 
 
 class Compressor(ABC):
-    """Interface: ``compress`` returns (wire tensor, context); ``decompress`` undoes it."""
+    """Interface: ``compress`` returns (wire tensor, context); ``decompress`` undoes it.
+
+    ``wire_dtype`` names the element type a compressor that only casts sends float32/float64
+    tensors as (None for anything else): DistributedOptimizer then keeps 16-bit wire buckets
+    and casts into them in place instead of calling ``compress`` per tensor.
+    """
+
+    wire_dtype: str | None = None
 
     @staticmethod
     @abstractmethod
@@ -48,7 +56,8 @@ class NoneCompressor(Compressor):
 
 
 def _is_wide_float(tensor: Any) -> bool:
-    if isinstance(tensor, torch.Tensor):
+    if is_torch(tensor):
+        torch = loaded_torch()
         return tensor.dtype in (torch.float32, torch.float64)
     return isinstance(tensor, np.ndarray) and tensor.dtype in (np.float32, np.float64)
 
@@ -56,19 +65,21 @@ def _is_wide_float(tensor: Any) -> bool:
 class FP16Compressor(Compressor):
     """Send float32/float64 tensors as float16."""
 
+    wire_dtype = "float16"
+
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
         if not _is_wide_float(tensor):
             return tensor, None
-        if isinstance(tensor, torch.Tensor):
-            return tensor.to(torch.float16), tensor.dtype
+        if is_torch(tensor):
+            return tensor.to(loaded_torch().float16), tensor.dtype
         return tensor.astype(np.float16), tensor.dtype
 
     @staticmethod
     def decompress(tensor: Any, ctx: Any) -> Any:
         if ctx is None:
             return tensor
-        if isinstance(tensor, torch.Tensor):
+        if is_torch(tensor):
             return tensor.to(ctx)
         return tensor.astype(ctx)
 
@@ -76,12 +87,14 @@ class FP16Compressor(Compressor):
 class BF16Compressor(Compressor):
     """Send float32/float64 torch tensors as bfloat16 (numpy arrays need ml_dtypes)."""
 
+    wire_dtype = "bfloat16"
+
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
         if not _is_wide_float(tensor):
             return tensor, None
-        if isinstance(tensor, torch.Tensor):
-            return tensor.to(torch.bfloat16), tensor.dtype
+        if is_torch(tensor):
+            return tensor.to(loaded_torch().bfloat16), tensor.dtype
         try:
             import ml_dtypes  # optional: only bf16 compression of numpy arrays needs it
         except ImportError:
@@ -93,7 +106,7 @@ class BF16Compressor(Compressor):
     def decompress(tensor: Any, ctx: Any) -> Any:
         if ctx is None:
             return tensor
-        if isinstance(tensor, torch.Tensor):
+        if is_torch(tensor):
             return tensor.to(ctx)
         return tensor.astype(ctx)
 

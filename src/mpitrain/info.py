@@ -105,9 +105,10 @@ def _print_env() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mpitrain.info",
+        prog="mpitrain-info",
         description="Show how mpitrain sees this job: ranks, hosts, local/cross layout, device "
                     "binding, MPI library and thread level.  Run it under mpirun like training.")
+    parser.add_argument("--version", action="version", version=f"mpitrain {__version__}")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     parser.add_argument("--env", action="store_true",
                         help="list every MPITRAIN_* variable with its default, then exit")

@@ -186,9 +186,21 @@ def _advice(claim: Claim, library: str, command: str) -> list[str]:
         lines.append("(the launcher must be that of the MPI library mpi4py loaded; or build "
                      "mpi4py against the launcher's MPI: pip install --no-binary=mpi4py mpi4py)")
     if kind == "torch":
-        lines.append("On a platform that only runs torchrun, start one mpitrainrun (or mpirun) "
-                     "per job inside the allocation instead (README: Launchers).")
+        lines += ["Where a scheduler starts one task per node and there is no mpirun (HPC Pack, "
+                  "Kubernetes, AWS Batch, Slurm without PMI), put mpitrainrun where the task "
+                  "line says torchrun, with the same endpoint:",
+                  f"    mpitrainrun {_per_node(claim)} --rdzv-endpoint HOST:PORT {command}",
+                  "(docs/guide/rendezvous.md)."]
     return lines
+
+
+def _per_node(claim: Claim) -> str:
+    """``--nnodes N --nproc-per-node K`` as torchrun's variables tell them, where they do."""
+    seen = dict(item.split("=", 1) for item in claim.evidence)
+    local = seen.get("LOCAL_WORLD_SIZE", "")
+    if local.isdigit() and int(local) > 0 and claim.size % int(local) == 0:
+        return f"--nnodes {claim.size // int(local)} --nproc-per-node {local}"
+    return "--nnodes N --nproc-per-node K"
 
 
 class Explanation(NamedTuple):

@@ -3,9 +3,10 @@
 ``examples/adasum/adasum_small_model.py`` (``hvd.allreduce(grad, op=hvd.Adasum)``) and
 ``examples/pytorch/pytorch_synthetic_benchmark.py --use-adasum``
 (``DistributedOptimizer(op=hvd.Adasum)``, ``broadcast_parameters``,
-``broadcast_optimizer_state``) run with ``tests/horovod_shim`` on ``PYTHONPATH``:
-``import horovod.torch as hvd`` resolves to ``mpitrain.torch``, and, since torchvision has no
-CPU build here, a stand-in ``torchvision.models`` provides ``tiny_cnn``, passed as ``--model``.
+``broadcast_optimizer_state``) run through the shipped compatibility route
+(``python -m mpitrain.horovod_compat``): ``import horovod.torch as hvd`` resolves to
+``mpitrain.torch``, and, since torchvision has no CPU build here, a stand-in
+``torchvision.models`` (tests/torchvision_stub) provides ``tiny_cnn``, passed as ``--model``.
 
 The scripts are Horovod's, not ours, so they are not in this repository: point
 ``MPITRAIN_HOROVOD_EXAMPLES`` at the ``examples`` directory of a Horovod 0.28.1 checkout
@@ -25,7 +26,7 @@ import pytest
 from support import ROOT, run_job
 
 EXAMPLES = os.environ.get("MPITRAIN_HOROVOD_EXAMPLES", "")
-SHIM = ROOT / "tests" / "horovod_shim"
+TORCHVISION_STUB = ROOT / "tests" / "torchvision_stub"
 SMALL_MODEL = Path(EXAMPLES, "adasum", "adasum_small_model.py")
 BENCHMARK = Path(EXAMPLES, "pytorch", "pytorch_synthetic_benchmark.py")
 
@@ -38,8 +39,9 @@ pytestmark = [
 
 
 def _run(np_: int, script: Path, args: list[str]) -> str:
-    path = os.pathsep.join(str(p) for p in (ROOT / "src", SHIM, SHIM / "torchvision_stub"))
-    result = run_job(np_, [sys.executable, str(script), *args], env={"PYTHONPATH": path},
+    path = os.pathsep.join(str(p) for p in (ROOT / "src", TORCHVISION_STUB))
+    result = run_job(np_, [sys.executable, "-m", "mpitrain.horovod_compat", str(script), *args],
+                     env={"PYTHONPATH": path},
                      timeout=300)
     assert result.returncode == 0, (f"{script.name} {' '.join(args)} at np={np_} exited "
                                     f"{result.returncode}:\n{result.stdout[-3000:]}\n"

@@ -2,9 +2,10 @@
 outside mid-benchmark, the survivors finish.
 
 ``examples/elastic/pytorch/pytorch_synthetic_benchmark_elastic.py`` (``hvd.elastic.run``,
-``TorchState`` with plain values, a reset callback rescaling the learning rate) runs with
-``tests/horovod_shim`` on ``PYTHONPATH`` (``import horovod.torch as hvd`` is
-``mpitrain.torch``; ``tiny_cnn`` stands in for torchvision's models) under
+``TorchState`` with plain values, a reset callback rescaling the learning rate) runs through
+the shipped compatibility route, ``python -m mpitrain.horovod_compat`` (``import horovod.torch
+as hvd`` is ``mpitrain.torch``; ``tiny_cnn`` from tests/torchvision_stub stands in for
+torchvision's models) under
 ``mpirun --with-ft ulfm -np 3``.  Once it reports its third benchmark iteration, the test
 SIGKILLs world rank 0 (the rank that prints): the new rank 0 must finish and report the total
 over 2 CPUs.
@@ -28,7 +29,7 @@ from support import ROOT, job_env, mpirun_command
 
 EXAMPLES = os.environ.get("MPITRAIN_HOROVOD_EXAMPLES", "")
 SCRIPT = Path(EXAMPLES, "elastic", "pytorch", "pytorch_synthetic_benchmark_elastic.py")
-SHIM = ROOT / "tests" / "horovod_shim"
+TORCHVISION_STUB = ROOT / "tests" / "torchvision_stub"
 
 pytestmark = [
     pytest.mark.skipif(not (EXAMPLES and SCRIPT.is_file()),
@@ -68,8 +69,9 @@ def _run_killing(script_args: list[str], when: str, world_rank: int,
                  cwd: Path) -> tuple[int, str, str]:
     """Run Horovod's example under ``mpirun --with-ft ulfm -np 3`` with the shims, SIGKILL
     ``world_rank`` once a stdout line starts with ``when``; return (status, stdout, stderr)."""
-    path = os.pathsep.join(str(p) for p in (ROOT / "src", SHIM, SHIM / "torchvision_stub"))
-    cmd = mpirun_command(3, ["--with-ft", "ulfm", sys.executable, *script_args])
+    path = os.pathsep.join(str(p) for p in (ROOT / "src", TORCHVISION_STUB))
+    cmd = mpirun_command(3, ["--with-ft", "ulfm", sys.executable, "-m", "mpitrain.horovod_compat",
+                             *script_args])
     proc = subprocess.Popen(cmd, env=job_env({"PYTHONPATH": path}), cwd=cwd, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     watchdog = threading.Timer(150, proc.kill)  # a hang fails the test instead of blocking it

@@ -82,6 +82,36 @@ def test_matches_single_process_on_joined_batches(hvd, kwargs):
     _assert_same(got, want, tol=2e-2 if lossy else 1e-5)
 
 
+@NOT_AT_4
+@pytest.mark.parametrize("compression", ["fp16", "bf16"])
+def test_16_bit_wire_buckets_give_the_per_tensor_compressors_bits(hvd, compression):
+    # shared_buckets (the default) casts into 16-bit bucket views reduced in place;
+    # shared_buckets=False runs the compressor per tensor and fuses.  The same casts and the
+    # same sums: the same bits.
+    chosen = getattr(hvd.Compression, compression)
+    made = []
+
+    def make(buckets):
+        def wrap(m):
+            opt = hvd.DistributedOptimizer(_sgd(m), m.named_parameters(), compression=chosen,
+                                           shared_buckets=buckets)
+            made.append(opt)
+            return opt
+        return wrap
+
+    in_wire = _train(make(True), distributed=True)
+    per_tensor = _train(make(False), distributed=True)
+    for a, b in zip(in_wire, per_tensor):
+        assert torch.equal(a, b)
+    wire_opt = made[0]
+    if SIZE > 1:  # every float32 gradient has a 16-bit view; p.grad keeps its own type
+        wire_type = torch.float16 if compression == "fp16" else torch.bfloat16
+        views = wire_opt._wire_views
+        assert set(views) == {p for g in wire_opt.param_groups for p in g["params"]}
+        assert all(v.dtype == wire_type for v in views.values())
+        assert all(p.grad.dtype == torch.float32 for p in views)
+
+
 @pytest.mark.parametrize("passes", [2, pytest.param(3, marks=NOT_AT_4)])
 def test_backward_passes_per_step_accumulates(hvd, passes):
     want = _train(_sgd, distributed=False, passes=passes)

@@ -69,15 +69,46 @@ def test_every_contender_runs_its_trials_consecutively():
 
 
 def test_leaving_mpi_takes_a_second_look_head_to_head():
-    # hierarchical wins the first round; MPI's own and hierarchical then run again, in that
-    # order, and hierarchical wins again: kept.
-    costs = {"mpi": [0.3] * 3, "hierarchical": [0.2] * 3, "ring": [0.5] * 3}
+    # hierarchical wins the first round; it and MPI's own then run again, the provisional
+    # choice first, and hierarchical wins again: kept.
+    costs = {"mpi": [0.3] * 3, "hierarchical": [0.25] * 3, "ring": [0.35] * 3}
     calibration = calibrate(costs)
     names = [name for name, _ in calibration.trials[Calibration.size_class(32 << 20)]]
     assert names == (["mpi"] * TRIALS + ["hierarchical"] * TRIALS + ["ring"] * TRIALS
-                     + ["mpi"] * TRIALS + ["hierarchical"] * TRIALS)
+                     + ["hierarchical"] * TRIALS + ["mpi"] * TRIALS)
     assert len(names) == calls_to_decide(3)
     assert calibration.choice(32 << 20) == "hierarchical"
+
+
+def test_plain_losers_are_cut_short():
+    # The ring, twice more than PRUNE times slower than the best so far, runs no third trial;
+    # on the second look MPI's own, plainly slower in the first round too, runs once.
+    costs = {"mpi": [0.3] * 3, "hierarchical": [0.15] * 3, "ring": [0.5] * 3}
+    calibration = calibrate(costs)
+    names = [name for name, _ in calibration.trials[Calibration.size_class(32 << 20)]]
+    assert names == (["mpi"] * TRIALS + ["hierarchical"] * TRIALS + ["ring"] * 2
+                     + ["hierarchical"] * TRIALS + ["mpi"])
+    assert calibration.choice(32 << 20) == "hierarchical"
+
+
+def test_one_slow_first_call_does_not_cut_a_contender_short():
+    # The first call of an algorithm also sets it up: one slow call is not enough.
+    costs = {"mpi": [0.3] * 3, "hierarchical": [0.9, 0.2, 0.2], "ring": [0.5] * 3}
+    calibration = calibrate(costs)
+    names = [name for name, _ in calibration.trials[Calibration.size_class(32 << 20)]]
+    assert names[:2 * TRIALS] == ["mpi"] * TRIALS + ["hierarchical"] * TRIALS
+    assert calibration.choice(32 << 20) == "hierarchical"
+
+
+def test_the_second_look_cuts_mpi_short_only_if_the_first_round_agreed():
+    # MPI's own slow on its first second-look call, but within PRUNE in the first round:
+    # it runs all its trials, and (fast again) is kept.
+    costs = {"mpi": [0.3] * 3 + [0.6] + [0.2] * 2, "hierarchical": [0.25] * 6,
+             "ring": [0.35] * 3}
+    calibration = calibrate(costs)
+    names = [name for name, _ in calibration.trials[Calibration.size_class(32 << 20)]]
+    assert names[-TRIALS:] == ["mpi"] * TRIALS
+    assert calibration.choice(32 << 20) == "mpi"
 
 
 def test_a_first_round_win_that_does_not_hold_keeps_mpi():
@@ -141,8 +172,8 @@ def test_a_verbose_calibration_says_its_decision_once(capsys):
     calibrate(costs, verbose=True)
     assert capsys.readouterr().err == (
         "mpitrain: auto across nodes: allreduces of 32 MiB-64 MiB run hierarchical (median of "
-        "3 trials, slowest rank: mpi 250.0 ms, hierarchical 125.0 ms, ring 500.0 ms; then "
-        "mpi 250.0 ms, hierarchical 125.0 ms)\n")
+        "up to 3 trials, slowest rank: mpi 250.0 ms, hierarchical 125.0 ms, ring 500.0 ms "
+        "(cut short); then hierarchical 125.0 ms, mpi 250.0 ms (cut short))\n")
     calibrate(costs)
     assert capsys.readouterr().err == ""  # quiet unless asked (log level INFO or lower)
 

@@ -3,6 +3,7 @@
 import os
 import shlex
 import stat
+import sys
 
 import pytest
 
@@ -22,7 +23,9 @@ def machine(monkeypatch):
 def dry(capsys, argv, environ=None):
     code = launch.main(["--dry-run", *argv], environ=BASE if environ is None else environ)
     out, err = capsys.readouterr()
-    return code, out.strip(), err.strip()
+    # A bare `python` becomes this interpreter's path (tests/unit/test_launcher_horovodrun.py
+    # checks that); the expected lines below say `python` for short.
+    return code, out.strip().replace(shlex.quote(sys.executable), "python"), err.strip()
 
 
 OMPI = "mpirun -np {np} --allow-run-as-root --bind-to none --map-by slot"
@@ -49,6 +52,11 @@ CASES_OPENMPI = [
      "--allreduce-algorithm ring python t.py",
      OMPI.format(np=2) + " -x PATH -x MPITRAIN_ALLREDUCE_ALGORITHM=ring "
      "-x MPITRAIN_TIMELINE=/tmp/tl.json -x MPITRAIN_TIMELINE_MARK_CYCLES=1 python t.py"),
+    # --deterministic is a flag: the program's name after it is not taken for a mode.
+    ("-np 2 --deterministic python t.py",
+     OMPI.format(np=2) + " -x PATH -x MPITRAIN_DETERMINISTIC=1 python t.py"),
+    ("-np 2 --deterministic-mode fixed-point python t.py",
+     OMPI.format(np=2) + " -x PATH -x MPITRAIN_DETERMINISTIC=fixed-point python t.py"),
     ("-np 2 --mpi-args='--mca btl tcp,self --report-bindings' python t.py",
      OMPI.format(np=2) + " -x PATH --mca btl tcp,self --report-bindings python t.py"),
     ("-np 2 -x NCCL_DEBUG=INFO -x HOME python t.py",
@@ -352,3 +360,80 @@ def test_autotune_details_without_autotune_are_refused(machine, capsys):
                                   "--autotune-log-file", "t.csv", "python", "t.py"])
     assert code == 2 and out == ""
     assert "--autotune-log-file without --autotune" in err
+
+
+# The rendezvous launch (--rdzv-endpoint): --dry-run shows the launcher command the serving
+# node will run, on stand-in node names (the real ones are known only once all have come).
+RDZV = "--nnodes 3 --nproc-per-node 2 --rdzv-endpoint n0:29400"
+OMPI_RDZV_SSH = ("--prtemca plm ssh --prtemca plm_ssh_agent RDZV_SSH --prtemca "
+                 "plm_ssh_no_tree_spawn 1 --prtemca ras '^slurm,pbs,tm,lsf,gridengine,alps,flux'")
+
+
+def test_rendezvous_dry_run_open_mpi(machine, capsys):
+    code, out, err = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun",
+                                  *shlex.split(RDZV), "--fusion-threshold-mb", "8", "python",
+                                  "t.py"])
+    assert (code, err) == (0, "")
+    assert out == (OMPI.format(np=6) + " --host NODE0:2,NODE1:2,NODE2:2 -x PATH "
+                   "-x MPITRAIN_FUSION_THRESHOLD=8388608 " + OMPI_RDZV_SSH + " python t.py")
+
+
+def test_rendezvous_dry_run_mpich_and_intel(machine, capsys):
+    _, out, _ = dry(capsys, ["--mpi", "mpich", "--mpirun", "mpiexec", *shlex.split(RDZV),
+                             "python", "t.py"])
+    assert out == (HYDRA + " -launcher ssh -launcher-exec RDZV_SSH -rmk user "
+                   "-hosts NODE0:2,NODE1:2,NODE2:2 -n 6 python t.py")
+    _, out, _ = dry(capsys, ["--mpi", "intel", "--mpirun", "mpiexec", *shlex.split(RDZV),
+                             "python", "t.py"])
+    assert "-bootstrap ssh -bootstrap-exec RDZV_SSH -rmk user" in out
+
+
+def test_rendezvous_runs_a_script_under_this_python_as_torchrun_does(machine, capsys):
+    # torchrun's spelling: the script alone, underscores, '=' forms.
+    _, out, _ = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", "--nnodes=2",
+                             "--nproc_per_node=4", "--rdzv_endpoint=n0:29400",
+                             "--rdzv_backend=c10d", "--rdzv_id=100", "train.py", "--lr", "1"])
+    assert out.endswith("python train.py --lr 1")  # dry() writes this Python as python
+    assert "--host NODE0:4,NODE1:4" in out
+
+
+def test_rendezvous_with_elastic_options_runs_ulfm(machine, capsys):
+    _, out, _ = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", *shlex.split(RDZV),
+                             "--min-np", "4", "python", "t.py"])
+    assert "--with-ft ulfm" in out and "-x MPITRAIN_ELASTIC_MIN_NP=4" in out
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ("--nnodes 2 python t.py", "--nnodes without --rdzv-endpoint"),
+    (f"{RDZV} -np 6 python t.py", "-np does not go with --rdzv-endpoint"),
+    (f"{RDZV} --host-discovery-script x python t.py", "cannot take in new nodes"),
+    ("--nnodes 2 --nproc-per-node 1 --rdzv-endpoint localhost python t.py", "loopback"),
+    (f"{RDZV} --rdzv-conf foo=1 python t.py", "'foo=1'"),
+    (f"{RDZV} --min-np 9 python t.py", "--min-np 9 is more than -np 6"),
+    (f"{RDZV} -p 2222 python t.py", "-p/--ssh-port does not go with --rdzv-endpoint"),
+])
+def test_rendezvous_mistakes_are_usage_errors(machine, capsys, args, message):
+    code, _, err = dry(capsys, ["--mpi", "openmpi", "--mpirun", "mpirun", *shlex.split(args)])
+    assert code == 2 and message in err, err
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    ("--nnodes 2:4", "MIN:MAX node range does not apply"),
+    ("--nproc-per-node gpu", "give the number of processes per node"),
+    ("--nnodes 0", "must be >= 1"),
+])
+def test_torchrun_values_we_cannot_take_are_explained(capsys, args, message):
+    with pytest.raises(SystemExit) as info:
+        launch.main([*shlex.split(args), "--rdzv-endpoint", "n0", "python", "t.py"])
+    assert info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_help_documents_the_rendezvous_in_torchruns_spelling(capsys):
+    with pytest.raises(SystemExit):
+        launch.main(["--help"])
+    out = capsys.readouterr().out
+    for option in ("--nnodes", "--nproc-per-node", "--nproc_per_node", "--rdzv-endpoint",
+                   "--rdzv_endpoint", "--rdzv-id", "--node-rank", "--rdzv-timeout",
+                   "--rdzv-conf", "--rdzv-backend", "--local-addr", "MPITRAIN_RDZV_SECRET",
+                   "docs/guide/rendezvous.md"):
+        assert option in out, option

@@ -91,6 +91,24 @@ def test_refusal_names_detection_reason_and_commands():
     assert "mpirun -np 2 /venv/bin/python -u train.py --lr 0.1" in text
     assert "MPITRAIN_ALLOW_SINGLETON=1" in text
     assert info.value.printed == text  # the launcher's rank 0 prints it all
+    # Where torchrun is all the scheduler runs: the rendezvous launch, in its spelling.
+    assert ("mpitrainrun --nnodes 1 --nproc-per-node 2 --rdzv-endpoint HOST:PORT "
+            "/venv/bin/python -u train.py --lr 0.1") in text
+    assert "docs/guide/rendezvous.md" in text
+
+
+def test_torchrun_refusal_sizes_the_rendezvous_from_torchruns_variables():
+    env = {"WORLD_SIZE": "8", "RANK": "0", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "0",
+           "TORCHELASTIC_RUN_ID": "100"}
+    with pytest.raises(launchers.LauncherMismatchError) as info:
+        launchers.check_world(1, False, OPEN_MPI, environ=env, argv=["python", "t.py"])
+    assert "mpitrainrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:PORT python t.py" \
+        in str(info.value)
+    # Without a local size that divides the world, the numbers are left to the user.
+    env = {"WORLD_SIZE": "6", "RANK": "0", "LOCAL_WORLD_SIZE": "4", "LOCAL_RANK": "0"}
+    with pytest.raises(launchers.LauncherMismatchError) as info:
+        launchers.check_world(1, False, OPEN_MPI, environ=env, argv=["python", "t.py"])
+    assert "mpitrainrun --nnodes N --nproc-per-node K --rdzv-endpoint" in str(info.value)
 
 
 def test_other_ranks_print_one_line():

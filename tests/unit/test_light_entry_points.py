@@ -44,10 +44,22 @@ def test_package_root_alone_imports_nothing_heavy():
     assert _heavy_modules_after("import mpitrain; mpitrain.__version__") == []
 
 
-def test_the_face_loads_on_first_use():
-    # Negative control for the two tests above: the same probe does see torch once a name of
-    # the Horovod face is used.
-    assert "torch" in _heavy_modules_after("import mpitrain as hvd; hvd.allreduce")
+def test_the_face_loads_on_first_use_without_torch():
+    # Negative control for the two tests above: the same probe sees the engine's imports once a
+    # name of the Horovod face is used -- but not torch, which a numpy user need not have.
+    assert _heavy_modules_after("import mpitrain as hvd; hvd.allreduce") == [
+        "mpi4py", "numba", "numpy"]
+
+
+def test_numpy_collectives_and_init_leave_torch_unloaded():
+    statement = ("import numpy as np, mpitrain as hvd\nhvd.init()\n"
+                 "assert hvd.allreduce(np.ones(2), op=hvd.Sum).tolist() == [1.0, 1.0]\n"
+                 "hvd.shutdown()")
+    assert "torch" not in _heavy_modules_after(statement)
+
+
+def test_torch_only_names_load_the_torch_face():
+    assert "torch" in _heavy_modules_after("import mpitrain as hvd; hvd.DistributedOptimizer")
 
 
 def test_launcher_help_and_hostfile_tool_run_without_site_packages(tmp_path):
@@ -69,13 +81,16 @@ def test_face_names_and_submodules_through_the_root():
     import mpitrain
     from mpitrain import _face
 
-    assert mpitrain.__all__ == _face.__all__
-    assert set(_face.__all__) <= set(dir(mpitrain))
+    assert mpitrain.__all__ == sorted([*_face.__all__, *_face.TORCH_NAMES])
+    assert set(mpitrain.__all__) <= set(dir(mpitrain))
     for name in _face.__all__:
         assert getattr(mpitrain, name) is getattr(_face, name), name
+    from mpitrain.torch import optimizer
+
+    assert mpitrain.DistributedOptimizer is optimizer.DistributedOptimizer
     assert mpitrain.runtime.__name__ == "mpitrain.runtime"  # a submodule, imported on access
     with pytest.raises(AttributeError, match="no_such_name"):
         mpitrain.no_such_name  # noqa: B018
     namespace: dict[str, object] = {}
     exec("from mpitrain import *", namespace)
-    assert namespace["DistributedOptimizer"] is _face.DistributedOptimizer
+    assert namespace["DistributedOptimizer"] is optimizer.DistributedOptimizer

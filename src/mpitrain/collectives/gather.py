@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-import torch
 
 from .. import arrays, session
 from ..engine.request import Entry, Handle, Kind, Request
@@ -153,6 +152,7 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
     def finish(h: Handle) -> tuple[Any, Any]:
         received = list(entry.received_splits or ())
         if arrays.is_torch(tensor):
+            torch = arrays.loaded_torch()
             return keep[0], torch.tensor(received, dtype=torch.int32)
         return keep[0], np.asarray(received, dtype=np.int32)
 

@@ -10,6 +10,12 @@ See :mod:`mpitrain.kvstore.store` for the semantics (a replicated server on ever
 Horovod's MXNet face (``DistributedTrainer``, ``broadcast_parameters``) on the same code.
 """
 
+try:
+    import torch as _torch  # noqa: F401 - fail here, with the remedy, if it is missing
+except ImportError as _exc:
+    raise ImportError("mpitrain.kvstore (and mpitrain.mxnet) needs PyTorch, whose tensors and "
+                      "optimizers it runs on: pip install 'mpitrain[torch]'") from _exc
+
 from . import updater
 from .compression import GradientCompression
 from .store import KVStore, create

@@ -22,6 +22,10 @@ machine (the table is in the README).  A forced algorithm that cannot run on thi
 falls back to the nearest one that can (``shm`` across nodes becomes ``hierarchical``;
 ``hierarchical`` without cross-memory attach becomes ``ring``).
 
+With ``MPITRAIN_DETERMINISTIC`` set, elementwise floating-point reductions (allreduce and
+reducescatter) leave the table for :mod:`.deterministic`, which gives the same bits whatever
+would be chosen here.
+
 Broadcast and allgather use shared memory on one node from :data:`SHM_MIN_BYTES`;
 reducescatter from the allreduce crossover (its shared-memory path is the first half of the
 shm allreduce); MPI otherwise.  Every rank computes the same choice from the same
@@ -30,17 +34,19 @@ inputs (size, agreed topology, configuration), so the collectives always match.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..dtypes import ReduceOp
-from . import adasum, channels, hierarchical, mpi, ring, shm
+from . import adasum, calibration_cache, channels, deterministic, hierarchical, mpi, ring, shm
 from .calibration import Calibration
 from .group import Group
 from .kernels import cpu
 from .mpi import allgather_int, alltoall, alltoall_int, barrier
+from .reduction import Reduction
 
 # Measured crossover (benchmarks/allreduce.py, five runs on the 2-core machine, shared with
 # other jobs, see README): the size from which shm/hierarchical beat MPI's Allreduce at every
@@ -221,6 +227,10 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
         adasum.allreduce(group, send, recv, [send.size] if counts is None else counts, dtype,
                          prescale, postscale)
         return
+    if deterministic.applies(group, dtype, op):
+        deterministic.allreduce(_route(group, algorithm, streams), send, recv,
+                                Reduction(dtype, prescale, postscale, op))
+        return
     narrow = dtype in WIDENED_BY_MPI
     nbytes = choice_bytes(send.nbytes, dtype)
     algo = _choose_allreduce(group, nbytes, algorithm)
@@ -234,6 +244,11 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
             return
         algo = _ROWS[decided]
     _run_row(group, algo, send, recv, dtype, op, prescale, postscale, streams)
+
+
+def _route(group: Group, algorithm: str | None, streams: int | None) -> deterministic.Route:
+    """Where a deterministic sum's own collectives go (this module's, for its integers)."""
+    return deterministic.Route(group, algorithm, streams, allreduce, reducescatter)
 
 
 # One row per name (both "ring" rows run the same body).
@@ -257,9 +272,25 @@ def _calibration(group: Group, nbytes: int, algorithm: str | None,
         # Below the one-node crossover: try what the table takes above it as well.
         chosen = _choose_allreduce(group, MPI_MAX_BYTES, requested)
     contenders = tuple(dict.fromkeys(("mpi", chosen.name, "ring")))
-    verbose = group.rank == 0 and group.config.logs_info
     calibration: Calibration = group.memo("calibration",
-                                          lambda: Calibration(contenders, verbose=verbose))
+                                          lambda: _new_calibration(group, contenders))
+    return calibration
+
+
+def _new_calibration(group: Group, contenders: tuple[str, ...]) -> Calibration:
+    """A calibration that starts from the choices an earlier run on the same layout and link
+    left (:mod:`.calibration_cache`) and records its own there.  Collective."""
+    verbose = group.rank == 0 and group.config.logs_info
+    calibration = Calibration(contenders, verbose=verbose)
+    if not calibration_cache.enabled(group):
+        return calibration
+    sig = calibration_cache.signature(group, calibration_cache.link_class(group))
+    for key, choice in calibration_cache.load(group, sig).items():
+        if choice in contenders:
+            calibration.decided[key] = choice
+            if verbose:
+                sys.stderr.write(calibration.describe(key) + "\n")
+    calibration.on_settle = lambda key, choice: calibration_cache.store(group, sig, key, choice)
     return calibration
 
 
@@ -299,6 +330,10 @@ def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequ
     """Reduce ``send`` across the group; rank i keeps elements of block i (``counts[i]`` long)."""
     if op == ReduceOp.ADASUM:
         adasum.reducescatter(group, send, recv, counts, dtype, prescale, postscale)
+        return
+    if deterministic.applies(group, dtype, op):
+        deterministic.reducescatter(_route(group, None, None), send, recv, counts,
+                                    Reduction(dtype, prescale, postscale, op))
         return
     node = _shm_node(group, send.nbytes, MPI_MAX_BYTES)
     if node is None:

@@ -22,6 +22,13 @@ and falling under MPI's own is the one thing auto must not do; two samples taken
 times must both agree before it is left.  Every rank sees the same agreed times, makes the
 same choice and runs the same algorithm: no disagreement, no hang.
 
+Trials cost a job's first steps, so they stop early where the answer is plain: a contender
+whose first trial takes more than :data:`PRUNE` times the best median so far runs no more
+trials (its one time already rules it out), and the second look lets the provisional choice
+go first and stops MPI's own after one call when both its first-round median and that call are
+:data:`PRUNE` times slower.  Decisions are kept across runs (:mod:`.calibration_cache`): a job
+started again on the same layout and link starts with them and runs no trials.
+
 Used only across several nodes, from ``algorithms.CALIBRATION_MIN_BYTES`` up (16-bit buffers
 from ``NARROW_CALIBRATION_BYTES``); one node keeps the measured table, where shared memory wins
 by 2-3x.
@@ -48,6 +55,11 @@ TRIALS = 3
 # and a near tie in three trials is not worth that risk; MPI's own is the bar auto must not
 # fall under.
 MARGIN = 0.10
+# A contender this many times slower than the best so far is out after one trial: the trials
+# are real training steps, and three calls of an algorithm that plainly loses are a tax.
+PRUNE = 1.5
+
+Key = tuple[bool, int]  # (16-bit element type, size class)
 
 
 def calls_to_decide(contenders: int) -> int:
@@ -63,10 +75,14 @@ class Calibration:
     contenders: tuple[str, ...]
     clock: Callable[[], float] = time.perf_counter
     verbose: bool = False  # say each decision on stderr (rank 0 at log level INFO or lower)
-    trials: dict[tuple[bool, int], list[tuple[str, float]]] = field(default_factory=dict)
-    decided: dict[tuple[bool, int], str] = field(default_factory=dict)
+    trials: dict[Key, list[tuple[str, float]]] = field(default_factory=dict)
+    decided: dict[Key, str] = field(default_factory=dict)
     # The first round's choice where it is not MPI's own, until the second look decides.
-    provisional: dict[tuple[bool, int], str] = field(default_factory=dict)
+    provisional: dict[Key, str] = field(default_factory=dict)
+    # Trials of the first round, once it is over (the second look's come after them).
+    first_round: dict[Key, int] = field(default_factory=dict)
+    # Told every decision made by trials (not those given at the start): the cache's writer.
+    on_settle: Callable[[Key, str], None] | None = None
 
     @staticmethod
     def size_class(nbytes: int, narrow: bool = False) -> tuple[bool, int]:
@@ -80,16 +96,46 @@ class Calibration:
         return self.decided.get(self.size_class(nbytes, narrow))
 
     def next_trial(self, nbytes: int, narrow: bool = False) -> str:
-        """The contender the next allreduce of this size class runs (``TRIALS`` in a row)."""
+        """The contender the next allreduce of this size class runs (``TRIALS`` in a row,
+        unless it was pruned, see the module docstring)."""
         key = self.size_class(nbytes, narrow)
-        done = len(self.trials.get(key, []))
-        return self._order(key)[(done // TRIALS) % len(self._order(key))]
+        name = self._next(key)
+        assert name is not None, "next_trial after the decision"
+        return name
 
-    def _order(self, key: tuple[bool, int]) -> tuple[str, ...]:
-        """Who runs, ``TRIALS`` calls each: every contender, then, where the first round left
-        MPI's own, MPI's own and that choice again."""
-        again = self.provisional.get(key)
-        return self.contenders + ((self.contenders[0], again) if again else ())
+    def _round(self, key: Key) -> tuple[tuple[str, ...], list[tuple[str, float]]]:
+        """This round's contenders in running order, and its trials so far."""
+        trials = self.trials.get(key, [])
+        if key not in self.first_round:
+            return self.contenders, trials
+        # The second look: the provisional choice first, so MPI's own can be cut short.
+        return (self.provisional[key], self.contenders[0]), trials[self.first_round[key]:]
+
+    def _next(self, key: Key) -> str | None:
+        """Who runs next in this round, or None when the round is over."""
+        order, trials = self._round(key)
+        for name in order:
+            times = [t for n, t in trials if n == name]
+            if len(times) < TRIALS and not (times and self._pruned(key, name, times, trials)):
+                return name
+        return None
+
+    def _pruned(self, key: Key, name: str, times: list[float],
+                trials: list[tuple[str, float]]) -> bool:
+        """Whether ``name`` (with ``times`` this round) runs no more trials this round."""
+        others = [statistics.median(t for n, t in trials if n == other)
+                  for other in {n for n, _ in trials if n != name}]
+        if not others or min(times) <= PRUNE * min(others):
+            return False
+        if key not in self.first_round:
+            # Two slow calls, not one: a first call also pays for setting its algorithm up.
+            return len(times) >= 2
+        # The second look: only MPI's own can be cut, and only when the first round said so
+        # too -- two observations at different times, as the second look is there for.
+        first = self.trials[key][:self.first_round[key]]
+        mine = statistics.median(t for n, t in first if n == name)
+        best = statistics.median(t for n, t in first if n == self.provisional[key])
+        return mine > PRUNE * best
 
     def run_trial(self, comm: Any, nbytes: int, name: str, allreduce: Callable[[], None],
                   narrow: bool = False) -> None:
@@ -103,40 +149,49 @@ class Calibration:
         elapsed = self.clock() - start
         slowest = float(comm.allreduce(elapsed, op=MPI.MAX))
         key = self.size_class(nbytes, narrow)
-        trials = self.trials.setdefault(key, [])
-        trials.append((name, slowest))
-        first = TRIALS * len(self.contenders)
-        if len(trials) == first:
-            choice = self._decide(trials, self.contenders)
-            if choice == self.contenders[0]:
-                self._settle(key, choice)
-            else:
-                self.provisional[key] = choice
-        elif len(trials) == first + 2 * TRIALS:
-            self._settle(key, self._decide(trials[first:],
-                                           (self.contenders[0], self.provisional[key])))
+        self.trials.setdefault(key, []).append((name, slowest))
+        if self._next(key) is not None:
+            return
+        _, trials = self._round(key)
+        # Decided in order of preference (MPI's own first), whatever order the calls ran in.
+        choice = self._decide(trials, (self.contenders[0], self.provisional[key])
+                              if key in self.first_round else self.contenders)
+        if key in self.first_round:
+            self._settle(key, choice)
+        elif choice == self.contenders[0]:
+            self.first_round[key] = len(self.trials[key])
+            self._settle(key, choice)
+        else:
+            self.first_round[key] = len(self.trials[key])
+            self.provisional[key] = choice
 
-    def _settle(self, key: tuple[bool, int], choice: str) -> None:
+    def _settle(self, key: Key, choice: str) -> None:
         self.decided[key] = choice
+        if self.on_settle is not None:
+            self.on_settle(key, choice)
         if self.verbose:
             sys.stderr.write(self.describe(key) + "\n")
 
-    def describe(self, key: tuple[bool, int]) -> str:
+    def describe(self, key: Key) -> str:
         """One line: the size class, what it runs and the trial medians that chose it."""
         narrow, bits = key
         low, high = (1 << (bits - 1)) if bits else 0, 1 << bits
-        first = TRIALS * len(self.contenders)
+        first = self.first_round.get(key, len(self.trials.get(key, [])))
 
         def medians(trials: list[tuple[str, float]], names: tuple[str, ...]) -> str:
             return ", ".join(f"{c} {statistics.median(t for n, t in trials if n == c) * 1e3:.1f}"
-                             f" ms" for c in names)
+                             f" ms" + ("" if sum(n == c for n, _ in trials) >= TRIALS
+                                       else " (cut short)")
+                             for c in names if any(n == c for n, _ in trials))
 
+        head = (f"mpitrain: auto across nodes: allreduces of {_size(low)}-{_size(high)}"
+                f"{' (16-bit)' if narrow else ''} run {self.decided[key]}")
+        if key not in self.trials:
+            return head + " (decided by an earlier run: see MPITRAIN_CALIBRATION_CACHE)"
         again = self.provisional.get(key)
-        second = (f"; then {medians(self.trials[key][first:], (self.contenders[0], again))}"
+        second = (f"; then {medians(self.trials[key][first:], (again, self.contenders[0]))}"
                   if again and len(self.trials[key]) > first else "")
-        return (f"mpitrain: auto across nodes: allreduces of {_size(low)}-{_size(high)}"
-                f"{' (16-bit)' if narrow else ''} run {self.decided[key]} (median of "
-                f"{TRIALS} trials, slowest rank: "
+        return (f"{head} (median of up to {TRIALS} trials, slowest rank: "
                 f"{medians(self.trials[key][:first], self.contenders)}{second})")
 
     @staticmethod
@@ -155,7 +210,7 @@ class Calibration:
         return next(c for c in contenders if fastest > (1.0 - MARGIN) * median[c]
                     or median[c] == fastest)
 
-    def summary(self) -> dict[tuple[bool, int], dict[str, Any]]:
+    def summary(self) -> dict[Key, dict[str, Any]]:
         """Per size class: the trial times (seconds, slowest rank) and the decision."""
         return {key: {"trials": list(trials), "provisional": self.provisional.get(key),
                       "decided": self.decided.get(key)}

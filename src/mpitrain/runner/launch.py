@@ -27,11 +27,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from . import allocation, build_info
+from .. import horovod_compat
+from . import allocation, build_info, horovodrun_flags, rdzv_launch
 from .discovery import Blacklist, DiscoveryError, DiscoveryScript
 from .discovery import place as place_on_hosts
 from .elastic_driver import DriverOptions, ElasticDriver, forwarding_signals, layout_string
 from .hosts import HostfileError, HostSlots, parse_hosts_string, place, read_hostfile, with_slots
+from .interpreter import missing_script, python_note, ranks_command
 from .launch_options import (
     build_parser,
     check_elastic,
@@ -39,6 +41,7 @@ from .launch_options import (
     settings_from_args,
     user_env,
 )
+from .launcher_report import StderrWatch, lost_daemon_message
 from .mpi_command import (
     SRUN_MPI_PLUGINS,
     Flavor,
@@ -49,6 +52,8 @@ from .mpi_command import (
     find_launcher,
     forwarded_names,
 )
+from .rdzv_options import RendezvousOptions, rendezvous_options
+from .rdzv_wire import SECRET_VARIABLE
 
 _OVERSUBSCRIBE_FLAGS = ("--oversubscribe", "-oversubscribe")
 
@@ -66,6 +71,7 @@ class Plan:
     keep_state_file: bool = False
     control_dir: str | None = None  # with --host-discovery-script: see mpitrain.elastic_control
     in_place: bool = False  # survivors continue in place (ULFM)
+    local_only: bool = False  # every rank runs on this machine (its files are the ranks')
 
 
 class _Restart(NamedTuple):
@@ -164,9 +170,12 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     if hosts is not None and args.npernode is not None:
         hosts = with_slots(hosts, args.npernode)
 
-    spec = LaunchSpec(np=args.np, command=list(args.command), npernode=args.npernode,
+    if args.horovod_compat:
+        settings["PYTHONPATH"] = horovod_compat.with_shim_first(
+            settings.get("PYTHONPATH", environ.get("PYTHONPATH")))
+    spec = LaunchSpec(np=args.np, command=ranks_command(args.command), npernode=args.npernode,
                       settings=settings, network_interface=args.network_interface,
-                      mpi_args=mpi_args, as_root=as_root)
+                      mpi_args=mpi_args, as_root=as_root, binding=horovodrun_flags.binding(args))
     spec.forward = forwarded_names(environ) + [n for n in extra_names
                                                if n not in forwarded_names(environ)]
 
@@ -181,11 +190,12 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
                              f"this machine; lower -np, or oversubscribe on purpose with "
                              f"-H localhost:{args.np}")
         spec.yield_when_idle = args.np > cores
+        spec.launcher_args = horovodrun_flags.launcher_args(args, flavor, False)
         placement = f"{args.np} process(es) on this machine ({cores} cores)"
         if flavor is None or launcher is None:
             raise ValueError("no MPI launcher")
-        return _with_restart(Plan(build_command(flavor, launcher, spec), placement, []),
-                             restart)
+        return _with_restart(Plan(build_command(flavor, launcher, spec), placement, [],
+                                  local_only=True), restart)
 
     placed = list(hosts) if oversubscribe else place(args.np, hosts)
     # Ranks beyond this machine's cores (e.g. -H localhost:16): ask MPI not to busy-poll.
@@ -193,6 +203,7 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     placement = ", ".join(f"{h.host}:{h.slots}" for h in placed)
     if alloc is not None:
         placement = f"{alloc.scheduler} allocation: {placement}"
+    spec.launcher_args = horovodrun_flags.launcher_args(args, flavor, use_srun)
     if use_srun:
         spec.srun_mpi = _srun_mpi_plugin(flavor, environ, mpi_args)
         return _with_restart(Plan(build_srun(spec, srun or "srun"), placement, []), restart)
@@ -204,8 +215,9 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     if flavor is None or launcher is None:
         raise ValueError("no MPI launcher")
     to_resolve = [h.host for h in placed] if alloc is None else []
-    return _with_restart(Plan(build_command(flavor, launcher, spec), placement, to_resolve),
-                         restart)
+    local_only = alloc is None and all(_is_this_machine(h.host) for h in placed)
+    return _with_restart(Plan(build_command(flavor, launcher, spec), placement, to_resolve,
+                              local_only=local_only), restart)
 
 
 def _with_restart(plan: Plan, restart: _Restart | None) -> Plan:
@@ -266,10 +278,18 @@ def check_hosts_resolve(hosts: Sequence[str]) -> None:
 
 
 def _run(argv: list[str]) -> int:
-    """Run the launcher, passing SIGINT/SIGTERM on to it, and return its exit code."""
-    proc = subprocess.Popen(argv)
+    """Run the launcher, passing SIGINT/SIGTERM on to it, and return its exit code (1 when
+    Open MPI ended the job over a lost node and still exited 0, see .launcher_report)."""
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
+    assert proc.stderr is not None
+    watch = StderrWatch(proc.stderr)
     with forwarding_signals(proc):
-        return proc.wait()
+        code = proc.wait()
+    watch.join(5.0)
+    if code == 0 and watch.daemon_lost.is_set():
+        print(lost_daemon_message("mpitrainrun"), file=sys.stderr)
+        return 1
+    return code
 
 
 def run_elastic(args: argparse.Namespace, plan_for: Callable[[list[HostSlots]], Plan],
@@ -309,16 +329,78 @@ def _default_launcher(mpi: str, environ: Mapping[str, str]) -> str:
         return "mpirun" if mpi == "openmpi" else "mpiexec"
 
 
+def _rendezvous(args: argparse.Namespace, opts: RendezvousOptions,
+                env: Mapping[str, str]) -> int:
+    """``--rdzv-endpoint``: this process is one node's agent (:mod:`.rdzv_launch`); the agent
+    that serves the rendezvous runs the launcher planned here, as any other launch."""
+    command = list(args.command)
+    if command and command[0].endswith(".py"):
+        command.insert(0, sys.executable)  # torchrun's habit: a script runs under this Python
+    job_env = {k: v for k, v in env.items() if k != SECRET_VARIABLE}  # never forwarded
+    as_root = hasattr(os, "geteuid") and os.geteuid() == 0
+    try:
+        launcher = args.mpirun or _default_launcher(args.mpi, env)
+        flavor = Flavor(args.mpi) if args.mpi != "auto" else detect_flavor(launcher)
+        if elastic_requested(args) and flavor is not Flavor.OPENMPI:
+            raise ValueError(f"elastic options with --rdzv-endpoint need Open MPI (ULFM lets "
+                             f"the survivors go on); with {flavor.value} a lost rank ends the "
+                             "job, and the scheduler's restart of the tasks starts it again")
+
+        def plan(hosts: str, np: int, ssh: str) -> Plan:
+            placed = argparse.Namespace(**vars(args))
+            placed.hosts, placed.np, placed.command, placed.launcher = hosts, np, command, \
+                "mpirun"
+            placed.mpi_args = shlex.join(rdzv_launch.launcher_args(flavor, ssh)) + " " + \
+                args.mpi_args
+            return make_plan(placed, job_env, flavor, launcher, _cores(), as_root)
+
+        # Planned now, on stand-in node names, so that a bad option fails before any waiting
+        # (and so that --dry-run shows the command).
+        first = plan(rdzv_launch.host_list([(f"NODE{i}", opts.nproc)
+                                            for i in range(opts.nnodes)]),
+                     opts.nnodes * opts.nproc, "RDZV_SSH")
+    except (ValueError, FileNotFoundError) as exc:
+        print(f"mpitrainrun: error: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        print(shlex.join(first.argv))
+        return 0
+    # Elastic options with Open MPI run ULFM (make_plan added --with-ft ulfm): survivors of a
+    # lost node go on, so the agents must not end the job for it.  (Restart mode and host
+    # discovery were refused with the rendezvous.)
+    in_place = elastic_requested(args) and flavor is Flavor.OPENMPI
+    return rdzv_launch.run(opts, env, flavor, lambda h, n, s: plan(h, n, s).argv,
+                           elastic=in_place, verbose=args.verbose)
+
+
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
     """Entry point of ``mpitrainrun``; returns the job's exit code (2 for usage errors)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(horovodrun_flags.normalize_argv(
+        sys.argv[1:] if argv is None else argv))
     env = os.environ if environ is None else environ
+    if args.config_file:
+        try:
+            config_notes = horovodrun_flags.apply_config_file(args, parser)
+        except ValueError as exc:
+            print(f"mpitrainrun: error: {exc}", file=sys.stderr)
+            return 2
+    else:
+        config_notes = []
+    for note in [*horovodrun_flags.notes(args), *config_notes]:
+        print(f"mpitrainrun: {note}", file=sys.stderr)
     if args.check_build:
         print(build_info.render(build_info.collect()))
         return 0
     if args.command and args.command[0] == "--":
         args.command = args.command[1:]
+    try:
+        rendezvous = rendezvous_options(args)
+    except ValueError as exc:
+        print(f"mpitrainrun: error: {exc}", file=sys.stderr)
+        return 2
+    if rendezvous is not None:
+        return _rendezvous(args, rendezvous, env)
     try:
         hosts_given = args.hosts is not None or args.hostfile is not None
         alloc = None if hosts_given else allocation.detect(env)
@@ -354,10 +436,18 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             plan = make_plan(args, env, flavor, launcher, _cores(), as_root, srun)
         if not args.dry_run:
             check_hosts_resolve(plan.hosts_to_resolve)
+            missing = missing_script(args.command, os.getcwd()) if plan.local_only else None
+            if missing is not None:
+                raise FileNotFoundError(missing)
     except (ValueError, FileNotFoundError, DiscoveryError) as exc:
         kind = "hostfile" if isinstance(exc, HostfileError) else "error"
         print(f"mpitrainrun: {kind}: {exc}", file=sys.stderr)
         return 2
+    if args.horovod_compat and (real := horovod_compat.real_horovod()) is not None:
+        print(horovod_compat.shadowing_note(real), file=sys.stderr)
+    interpreter = python_note(args.command, env)
+    if interpreter is not None and not args.dry_run:
+        print(interpreter, file=sys.stderr)
     if args.dry_run:
         print(shlex.join(plan.argv))
         return 0

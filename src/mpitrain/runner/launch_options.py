@@ -13,6 +13,9 @@ import os
 from collections.abc import Mapping, Sequence
 
 from .. import config
+from ..version import __version__
+from . import horovodrun_flags
+from .rdzv_options import add_rendezvous_options
 
 _NAMES = {var.field: var.name for var in config.VARIABLES}
 
@@ -59,12 +62,16 @@ def build_parser() -> argparse.ArgumentParser:
                "  mpitrainrun -np 8 -H node1:4,node2:4 python train.py\n"
                "  mpitrainrun -np 16 --hostfile hosts -npernode 8 --dry-run python train.py\n"
                "  mpitrainrun -np 4 --mpi-args='--mca btl tcp,self' python train.py\n"
-               "  mpitrainrun --check-build\n\n"
+               "  mpitrainrun --check-build\n"
+               "  mpitrainrun --nnodes 4 --nproc-per-node 8 --rdzv-endpoint node1:29400 "
+               "train.py\n"
+               "      (once on every node, where a scheduler starts one task per node)\n\n"
                "Inside a Slurm allocation (no -H/--hostfile) the job runs through srun, with\n"
                "--mpi=pmix for Open MPI or --mpi=pmi2 for MPICH unless SLURM_MPI_TYPE or\n"
                "--mpi-args='--mpi=...' chooses; in a\n"
                "PBS or LSF job, on the allocation's node file.  Without any of these it runs\n"
                "on this machine, whose slots are its cores (give -H localhost:N to run more).")
+    parser.add_argument("--version", action="version", version=f"mpitrain {__version__}")
     where = parser.add_argument_group("processes and hosts")
     where.add_argument("-np", "--num-proc", dest="np", type=_pos_int, metavar="N",
                        help="number of processes (ranks) to start")
@@ -105,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prefer the hierarchical allreduce across nodes")
     tuning.add_argument("--allreduce-algorithm", choices=config.ALLREDUCE_ALGORITHMS,
                         help="force one allreduce algorithm")
+    # A flag plus a separate mode option, not ``--deterministic [MODE]``: an optional value
+    # would swallow the program's name (``--deterministic python train.py``).
+    tuning.add_argument("--deterministic", action="store_true",
+                        help="floating-point sums with the same bits whatever the fusion, "
+                        "algorithm, channels and node layout (MPITRAIN_DETERMINISTIC=1)")
+    tuning.add_argument("--deterministic-mode", choices=config.DETERMINISTIC_MODES,
+                        help="which deterministic design (implies --deterministic); "
+                        "fixed-point also ignores the rank order and world size")
     tuning.add_argument("--timeline-filename", metavar="FILE",
                         help="write a Chrome-trace timeline (from rank 0) to FILE")
     tuning.add_argument("--timeline-mark-cycles", action="store_true",
@@ -175,14 +190,17 @@ def build_parser() -> argparse.ArgumentParser:
     elastic.add_argument("--discovery-interval", type=_nonneg_float, default=1.0, metavar="S",
                          help="seconds between runs of the discovery script (default 1)")
 
+    add_rendezvous_options(parser)
+
     mode = parser.add_argument_group("what to do")
     mode.add_argument("--dry-run", action="store_true",
                       help="print the command that would run, run nothing")
-    mode.add_argument("--check-build", action="store_true",
+    mode.add_argument("-cb", "--check-build", action="store_true",
                       help="show what this installation supports (MPI library and thread "
                            "level, CUDA, cupy, numba, CUDA-aware MPI) and exit")
     mode.add_argument("--verbose", action="store_true",
                       help="print the placement and the command before running it")
+    horovodrun_flags.add_flags(parser)
     parser.add_argument("command", nargs=argparse.REMAINDER,
                         help="the program and its arguments, e.g. python train.py --lr 0.1")
     return parser
@@ -203,6 +221,10 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, str]:
         out[_NAMES["hierarchical_allreduce"]] = "1"
     if args.allreduce_algorithm is not None:
         out[_NAMES["allreduce_algorithm"]] = args.allreduce_algorithm
+    if getattr(args, "deterministic_mode", None):
+        out[_NAMES["deterministic"]] = args.deterministic_mode
+    elif getattr(args, "deterministic", False):
+        out[_NAMES["deterministic"]] = "1"
     if args.timeline_filename:
         out[_NAMES["timeline"]] = os.path.abspath(args.timeline_filename)
     if args.timeline_mark_cycles:

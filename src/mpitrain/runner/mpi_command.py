@@ -122,6 +122,8 @@ class LaunchSpec:
     as_root: bool = False
     yield_when_idle: bool = False  # more ranks than cores here: do not busy-poll
     srun_mpi: str | None = None  # srun's --mpi= plugin; None keeps the site's default
+    binding: list[str] | None = None  # the user's binding arguments instead of "none"
+    launcher_args: list[str] = field(default_factory=list)  # output, ssh: see horovodrun_flags
 
 
 def forwarded_names(environ: Mapping[str, str]) -> list[str]:
@@ -135,7 +137,10 @@ def _openmpi(launcher: str, spec: LaunchSpec) -> list[str]:
     cmd = [launcher, "-np", str(spec.np)]
     if spec.as_root:
         cmd.append("--allow-run-as-root")
-    cmd += ["--bind-to", "none", "--map-by", "slot"]
+    binding = spec.binding if spec.binding is not None else ["--bind-to", "none"]
+    cmd += binding
+    if not any(a in ("--map-by", "-map-by") for a in binding):
+        cmd += ["--map-by", "slot"]
     if spec.hosts is not None:
         cmd += ["--host", ",".join(f"{h.host}:{h.slots}" for h in spec.hosts)]
     if spec.network_interface:
@@ -148,7 +153,7 @@ def _openmpi(launcher: str, spec: LaunchSpec) -> list[str]:
             cmd += ["-x", name]
     for name, value in spec.settings.items():
         cmd += ["-x", f"{name}={value}"]
-    return cmd + spec.mpi_args + spec.command
+    return cmd + spec.launcher_args + spec.mpi_args + spec.command
 
 
 def _genv(settings: Mapping[str, str]) -> list[str]:
@@ -165,12 +170,13 @@ def _hydra(launcher: str, spec: LaunchSpec, intel: bool) -> list[str]:
         settings.setdefault("I_MPI_PIN", "0")  # mpitrain shares cores out itself
         if spec.yield_when_idle:
             settings.setdefault("I_MPI_WAIT_MODE", "1")
+        cmd += spec.binding or []
     else:
-        cmd += ["-bind-to", "none"]
+        cmd += spec.binding if spec.binding is not None else ["-bind-to", "none"]
     if spec.network_interface:
         cmd += ["-iface", spec.network_interface]
     cmd += _genv(settings)
-    cmd += spec.mpi_args
+    cmd += spec.launcher_args + spec.mpi_args
     hosts = spec.hosts
     if hosts is None:
         return cmd + ["-n", str(spec.np)] + spec.command
@@ -207,7 +213,8 @@ def build_srun(spec: LaunchSpec, srun: str = "srun") -> list[str]:
     Raises:
         ValueError: a setting's value holds a comma, which ``--export`` cannot carry.
     """
-    cmd = [srun, f"--ntasks={spec.np}", "--distribution=block", "--cpu-bind=none"]
+    cmd = [srun, f"--ntasks={spec.np}", "--distribution=block",
+           *(spec.binding if spec.binding is not None else ["--cpu-bind=none"])]
     if spec.srun_mpi is not None:
         cmd.append(f"--mpi={spec.srun_mpi}")
     if spec.npernode is not None:
@@ -217,4 +224,4 @@ def build_srun(spec: LaunchSpec, srun: str = "srun") -> list[str]:
         raise ValueError(f"srun --export cannot carry a comma inside a value: {bad[0]!r}")
     if spec.settings:
         cmd.append("--export=ALL," + ",".join(f"{k}={v}" for k, v in spec.settings.items()))
-    return cmd + spec.mpi_args + spec.command
+    return cmd + spec.launcher_args + spec.mpi_args + spec.command

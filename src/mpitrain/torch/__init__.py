@@ -12,6 +12,12 @@ happens at import, and MPI starts only at ``init()``.
 
 from __future__ import annotations
 
+try:
+    import torch as _torch  # noqa: F401 - fail here, with the remedy, if it is missing
+except ImportError as _exc:
+    raise ImportError("mpitrain.torch needs PyTorch: pip install 'mpitrain[torch]' (on CPU-only "
+                      "machines install torch's CPU build first, see the install guide)") from _exc
+
 import importlib
 import importlib.util
 from typing import Any

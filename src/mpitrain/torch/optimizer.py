@@ -23,6 +23,12 @@ the results need no copying back.  ``zero_grad()`` keeps torch's meaning (``set_
 zeroes the views in place).  ``shared_buckets=False`` reduces each ``p.grad`` where autograd put
 it (packed into the fusion buffer and unpacked by the engine).
 
+``Compression.fp16``/``bf16`` on CPU use buckets of the wire type instead: each float32/float64
+gradient has a 16-bit view there, the hook casts the gradient into it (the one cast the
+compressor would make, without allocating), the engine reduces the 16-bit span in place, and
+``synchronize()`` casts the average back into ``p.grad``.  So the 16-bit bytes travel exactly
+as an in-place 16-bit buffer's would, with no per-step allocation or packing.
+
 Stateful compression (``compression=hvd.Compression.powersgd(...)``, ``.topk(...)``,
 ``.onebit()``, :mod:`mpitrain.compressors`): those compressors keep error memory between steps
 and work on buckets of gradients (one low-rank factor exchange per bucket), cut in backward's
@@ -49,13 +55,16 @@ from ..compressors import GradientReducer
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of, size_of
 from . import adasum_optimizer
+from .autograd_ops import sparse_allreduce_async
 from .compressed_buckets import CompressedBuckets, buckets_for
 from .gradient_groups import check_groups, split_groups
 from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names, positive_int
-from .mpi_ops import sparse_allreduce_async
 
 Key = Any  # a parameter, or a tuple of parameters (a group)
 Pending = tuple[Any, Any]  # (handle, or a callable for sparse results; compression context)
+# The compression context of a gradient reduced in its 16-bit wire view: cast back from it.
+_IN_WIRE_VIEW = object()
+_WIDE_FLOATS = (torch.float32, torch.float64)
 
 
 def _lives_in(grad: torch.Tensor, view: torch.Tensor) -> bool:
@@ -103,6 +112,7 @@ class _DistributedOptimizer(GradientHooks):
         self._group_of: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
         self._group_ready: dict[tuple[torch.Tensor, ...], int] = {}
         self._views: dict[torch.Tensor, torch.Tensor] = {}
+        self._wire_views: dict[torch.Tensor, torch.Tensor] = {}  # fp16/bf16: see the docstring
         self._buckets: list[Bucket] = []
         self._set_id = set_id_of(process_set)
         self._communicates = bool(process_set.included()) and size_of(process_set) > 1
@@ -116,8 +126,16 @@ class _DistributedOptimizer(GradientHooks):
                                                      buckets_for(self._requires_update))
             elif shared_buckets and self._compression is Compression.none:
                 self._build_buckets()
+            elif shared_buckets and self._compression.wire_dtype is not None:
+                self._build_wire_buckets(getattr(torch, self._compression.wire_dtype))
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                            for p in self._requires_update]
+
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:
+        """Horovod's attribute: each parameter's request name (its ``named_parameters`` name,
+        else a positional one); Horovod's own tests and some users' code read it."""
+        return self._names
 
     # ------------------------------------------------------------------ set-up
     def _make_groups(self, groups: Any, all_params: list[torch.Tensor]) -> None:
@@ -126,19 +144,31 @@ class _DistributedOptimizer(GradientHooks):
                 self._group_of[p] = group
             self._group_ready[group] = 0
 
-    def _build_buckets(self) -> None:
-        """Give each CPU dense gradient a view in a flat, zeroed bucket the engine allocates."""
-        cpu = [p for p in self._requires_update if p.device.type == "cpu"]
+    def _bucket_order(self, keep: Callable[[torch.Tensor], bool]) -> list[torch.Tensor]:
+        """The parameters ``keep`` accepts, in the order their gradients become ready."""
         if self._group_of:  # a group's gradients back to back, in group order
             order: list[torch.Tensor] = []
             for g in self._group_ready:
-                order.extend(p for p in g if p.device.type == "cpu")
-        else:  # backward produces gradients roughly in reverse registration order
-            order = list(reversed(cpu))
+                order.extend(p for p in g if keep(p))
+            return order
+        # backward produces gradients roughly in reverse registration order
+        return [p for p in reversed(self._requires_update) if keep(p)]
+
+    def _build_buckets(self) -> None:
+        """Give each CPU dense gradient a view in a flat, zeroed bucket the engine allocates."""
+        order = self._bucket_order(lambda p: p.device.type == "cpu")
         # Every bucket at the engine's fusion threshold, the first too: the engine fuses the
         # per-parameter requests of one bucket into one collective anyway.
         self._buckets = gradient_buckets(order, self.process_set, first_cap_bytes=None)
         self._views = {p: b.views[i] for b in self._buckets for i, p in enumerate(b.params)}
+
+    def _build_wire_buckets(self, wire: torch.dtype) -> None:
+        """Give each CPU float32/float64 gradient a ``wire``-typed view in a flat bucket."""
+        order = self._bucket_order(lambda p: p.device.type == "cpu" and p.dtype in _WIDE_FLOATS)
+        self._buckets = gradient_buckets(order, self.process_set, first_cap_bytes=None,
+                                         dtype_of=lambda p: wire)
+        self._wire_views = {p: b.views[i] for b in self._buckets
+                            for i, p in enumerate(b.params)}
 
     # ------------------------------------------------------------------ backward side
     def _on_gradient(self, p: torch.Tensor) -> None:
@@ -209,7 +239,7 @@ class _DistributedOptimizer(GradientHooks):
                 return sparse_allreduce_async(grad, name, self.op, self.process_set), None
             self._densified[p] = grad.sparse_dim()
             grad = p.grad = grad.to_dense()
-        compressed, ctx = self._compression.compress(grad)
+        compressed, ctx = self._to_wire(p, grad)
         pre, post = self._scales()
         handle = collectives.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
                                     postscale_factor=post, process_set=self.process_set)
@@ -223,13 +253,22 @@ class _DistributedOptimizer(GradientHooks):
                 self._densified[p] = g.sparse_dim()
                 g = p.grad = g.to_dense()  # grouped allreduce is dense, as in Horovod
             grads.append(g)
-        pairs = [self._compression.compress(g) for g in grads]
+        pairs = [self._to_wire(p, g) for p, g in zip(group, grads)]
         pre, post = self._scales()
         handle = collectives.grouped_allreduce_async_([c for c, _ in pairs],
                                             name=f"group.{self._names[group[0]]}",
                                             op=self.op, prescale_factor=pre,
                                             postscale_factor=post, process_set=self.process_set)
         return handle, [ctx for _, ctx in pairs]
+
+    def _to_wire(self, p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """What travels for ``grad``: its wire view after an in-place cast, or what the
+        compressor makes of it; with the context ``_write_back`` needs."""
+        wire = self._wire_views.get(p)
+        if wire is not None and grad.layout == torch.strided:
+            wire.copy_(grad)
+            return wire, _IN_WIRE_VIEW
+        return self._compression.compress(grad)
 
     # ------------------------------------------------------------------ public API
     def synchronize(self) -> None:
@@ -322,6 +361,9 @@ class _DistributedOptimizer(GradientHooks):
         assert p.grad is not None
         if ctx is None and output.data_ptr() == p.grad.data_ptr():
             return  # reduced in place
+        if ctx is _IN_WIRE_VIEW:
+            p.grad.copy_(output)  # the cast back from the 16-bit average
+            return
         p.grad.copy_(self._compression.decompress(output, ctx))
 
     def _finish_reductions_before_unscale(self) -> None:

@@ -370,10 +370,39 @@ def cast(src: Any, out: Any, dtype_in: str, dtype_out: str, scale: float = 1.0,
         scale_kernel(dtype_in, dtype_out)[blocks, threads, stream](src, out, n, scale, 1.0)
 
 
+def loader(kind: str) -> Any:
+    """The device helper ``load(a, i, scale)`` of :func:`combine_kernel` for arrays of
+    ``kind``: element i in its accumulation type, times ``scale`` (other kernels reuse it)."""
+    return _loader(kind)
+
+
+def storer(kind: str) -> Any:
+    """The device helper ``store(out, i, value, scale)`` for arrays of ``kind``."""
+    return _storer(kind)
+
+
+def device_types() -> Any:
+    """numba's types module, once numba.cuda is known to be there (for device helpers)."""
+    return _numba_types()
+
+
+def jit(kernel: Any) -> Any:
+    """Compile ``kernel`` with numba.cuda as every kernel here is (raising without it)."""
+    return _require_numba().jit(kernel)
+
+
+def launch(kernel: Any, n: int, stream: Any, *args: Any) -> None:
+    """Launch a grid-stride ``kernel`` over ``n`` elements on ``stream`` (a numba stream)."""
+    blocks, threads = launch_shape(n)
+    with _launching:
+        kernel[blocks, threads, stream](*args)
+
+
 def simulated() -> bool:
     """True when numba runs kernels in its CUDA simulator (NUMBA_ENABLE_CUDASIM=1)."""
     return _SIMULATED
 
 
-__all__ = ["accumulator_dtype", "accumulator_kind", "cast", "combine_kernel", "launch_shape",
-           "reduce_buffers", "reduce_plan", "scale_kernel", "simulated"]
+__all__ = ["accumulator_dtype", "accumulator_kind", "cast", "combine_kernel", "jit", "launch",
+           "launch_shape", "loader", "device_types", "reduce_buffers", "reduce_plan",
+           "scale_kernel", "simulated", "storer"]

@@ -1,0 +1,1 @@
+"""``horovod.common``: only its ``exceptions`` module has a counterpart (mpitrain.errors)."""

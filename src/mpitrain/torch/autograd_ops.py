@@ -1,0 +1,301 @@
+"""Horovod's autograd rules for the collectives: one ``autograd.Function`` per op.
+
+Each backward is the adjoint collective (allreduce <- allreduce with the same op and scaling;
+allgather <- averaged allreduce, then this rank's rows; broadcast <- averaged allreduce, zero
+off the root; alltoall <- alltoall with the received splits; reducescatter <- allgather, times
+the set size for Sum).  Gradients may arrive non-contiguous (after ``.sum()`` they are
+expanded views): they are made contiguous first, where Horovod would fail.
+
+The public functions that choose between these and the plain path are in
+:mod:`mpitrain.tensor_ops`, which needs no torch; this module is loaded only for tensors that
+require grad.  ``sparse_allreduce_async`` (sparse COO tensors) lives here too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .. import collectives, runtime
+from ..dtypes import ReduceOp
+from ..process_sets import ProcessSet, global_process_set, rank_in, size_of
+
+
+def _linear_op(op: ReduceOp) -> None:
+    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise RuntimeError(
+            f"the gradient of allreduce with op={op.name.title()} is not defined; "
+            "only Sum and Average are differentiable"
+        )
+
+
+class Allreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        name: str | None,
+        op: ReduceOp,
+        pre: float,
+        post: float,
+        process_set: ProcessSet,
+    ) -> torch.Tensor:
+        ctx.args = (op, pre, post, process_set)
+        return collectives.synchronize(
+            collectives.allreduce_async(tensor, None, name, op, pre, post, process_set)
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        op, pre, post, process_set = ctx.args
+        _linear_op(op)
+        reduced = collectives.allreduce(
+            grad.contiguous(),
+            op=op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=process_set,
+        )
+        return reduced, None, None, None, None, None
+
+
+class GroupedAllreduce(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        name: str | None,
+        op: ReduceOp,
+        pre: float,
+        post: float,
+        process_set: ProcessSet,
+        *tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.args = (op, pre, post, process_set)
+        handle = collectives.grouped_allreduce_async(
+            list(tensors), None, name, op, pre, post, process_set
+        )
+        return tuple(collectives.synchronize(handle))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        op, pre, post, process_set = ctx.args
+        _linear_op(op)
+        reduced = collectives.grouped_allreduce(
+            [g.contiguous() for g in grads],
+            op=op,
+            prescale_factor=pre,
+            postscale_factor=post,
+            process_set=process_set,
+        )
+        return (None, None, None, None, None, *reduced)
+
+
+def _my_rows_slice(grad: torch.Tensor, rows: int, process_set: ProcessSet) -> torch.Tensor:
+    counts = collectives.allgather(torch.tensor([rows], dtype=torch.int64), process_set=process_set)
+    offset = int(counts[: rank_in(process_set)].sum())
+    return grad.narrow(0, offset, rows)
+
+
+class Allgather(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: torch.Tensor, name: str | None, process_set: ProcessSet
+    ) -> torch.Tensor:
+        ctx.shape = tensor.shape
+        ctx.process_set = process_set
+        return collectives.synchronize(collectives.allgather_async(tensor, name, process_set))
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        reduced = collectives.allreduce(
+            grad.contiguous(), op=ReduceOp.AVERAGE, process_set=ctx.process_set
+        )
+        rows = ctx.shape[0] if len(ctx.shape) else 1
+        return _my_rows_slice(reduced, rows, ctx.process_set).reshape(ctx.shape), None, None
+
+
+class GroupedAllgather(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, name: str | None, process_set: ProcessSet, *tensors: torch.Tensor
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.shapes = [t.shape for t in tensors]
+        ctx.process_set = process_set
+        return tuple(
+            collectives.synchronize(
+                collectives.grouped_allgather_async(list(tensors), name, process_set)
+            )
+        )
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        reduced = collectives.grouped_allreduce(
+            [g.contiguous() for g in grads], op=ReduceOp.AVERAGE, process_set=ctx.process_set
+        )
+        out = []
+        for g, shape in zip(reduced, ctx.shapes):
+            rows = shape[0] if len(shape) else 1
+            out.append(_my_rows_slice(g, rows, ctx.process_set).reshape(shape))
+        return (None, None, *out)
+
+
+class Broadcast(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: torch.Tensor, root_rank: int, name: str | None, process_set: ProcessSet
+    ) -> torch.Tensor:
+        ctx.root_rank = root_rank
+        ctx.process_set = process_set
+        return collectives.synchronize(
+            collectives.broadcast_async(tensor, root_rank, name, process_set)
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        reduced = collectives.allreduce(
+            grad.contiguous(), op=ReduceOp.AVERAGE, process_set=ctx.process_set
+        )
+        if runtime.rank() != ctx.root_rank:
+            reduced = torch.zeros_like(reduced)
+        return reduced, None, None, None
+
+
+class Alltoall(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: ProcessSet
+    ) -> Any:
+        output, received = collectives.synchronize(
+            collectives.alltoall_async(tensor, splits, name, process_set)
+        )
+        ctx.received = received
+        ctx.process_set = process_set
+        ctx.mark_non_differentiable(received)
+        return output, received
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor, *unused: Any) -> tuple[Any, ...]:
+        back, _ = collectives.alltoall(
+            grad.contiguous(), splits=ctx.received, process_set=ctx.process_set
+        )
+        return back, None, None, None
+
+
+class Reducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        tensor: torch.Tensor,
+        name: str | None,
+        op: ReduceOp,
+        pre: float,
+        post: float,
+        process_set: ProcessSet,
+    ) -> torch.Tensor:
+        ctx.op = op
+        ctx.process_set = process_set
+        return collectives.synchronize(
+            collectives.reducescatter_async(tensor, name, op, process_set, pre, post)
+        )
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
+        _linear_op(ctx.op)
+        gathered = collectives.allgather(grad.contiguous(), process_set=ctx.process_set)
+        if ctx.op == ReduceOp.SUM:
+            gathered = gathered * size_of(ctx.process_set)
+        return gathered, None, None, None, None, None
+
+
+class GroupedReducescatter(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        name: str | None,
+        op: ReduceOp,
+        pre: float,
+        post: float,
+        process_set: ProcessSet,
+        *tensors: torch.Tensor,
+    ) -> tuple[torch.Tensor, ...]:
+        ctx.op = op
+        ctx.process_set = process_set
+        handle = collectives.grouped_reducescatter_async(
+            list(tensors), name, op, process_set, pre, post
+        )
+        return tuple(collectives.synchronize(handle))
+
+    @staticmethod
+    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
+        _linear_op(ctx.op)
+        gathered = collectives.grouped_allgather(
+            [g.contiguous() for g in grads], process_set=ctx.process_set
+        )
+        if ctx.op == ReduceOp.SUM:
+            gathered = [g * size_of(ctx.process_set) for g in gathered]
+        return (None, None, None, None, None, *gathered)
+
+
+def sparse_allreduce_async(
+    tensor: torch.Tensor,
+    name: str | None = None,
+    op: Any = None,
+    process_set: ProcessSet = global_process_set,
+) -> Callable[[], torch.Tensor]:
+    """Start summing (or averaging) a sparse COO tensor across the process set.
+
+    Every rank's indices and values are allgathered (two named requests, ``<name>.indices``
+    and ``<name>.values``; unnamed ones are numbered in order like any collective), so the
+    cost grows with the non-zeros, not with the dense size.  As in Horovod, the result is
+    not a handle but a function: call it to wait and get the reduced sparse tensor
+    (coalesced: entries at the same index are summed).
+
+    Args:
+        tensor: a sparse COO tensor (e.g. an embedding's gradient); the same dense shape on
+            every rank, any number of non-zeros.
+        name: base name of the two requests.
+        op: ``Average`` (the default, as for allreduce) or ``Sum``.
+        process_set: the ranks taking part (default: all).
+
+    Raises:
+        TypeError: ``tensor`` is not a sparse COO tensor.
+        ValueError: ``op`` is neither Average nor Sum.
+
+    Warning:
+        Collective: every rank of ``process_set`` must call it, in the same order.
+    """
+    if not isinstance(tensor, torch.Tensor) or tensor.layout != torch.sparse_coo:
+        raise TypeError(
+            f"sparse_allreduce_async takes a sparse COO tensor, got "
+            f"{tensor.layout if isinstance(tensor, torch.Tensor) else type(tensor)}"
+        )
+    reduce_op = collectives.resolve_op(op, None)
+    if reduce_op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise ValueError(
+            f"sparse_allreduce_async supports op=Average or Sum, got {reduce_op.name.title()}"
+        )
+    t = tensor if tensor.is_coalesced() else tensor.coalesce()
+    # allgather concatenates along dim 0, so indices travel as (nnz, sparse_dim).
+    indices_h = collectives.allgather_async(
+        t.indices().t().contiguous(),
+        name=None if name is None else f"{name}.indices",
+        process_set=process_set,
+    )
+    values_h = collectives.allgather_async(
+        t.values().contiguous(),
+        name=None if name is None else f"{name}.values",
+        process_set=process_set,
+    )
+
+    def result() -> torch.Tensor:
+        values = collectives.synchronize(values_h)
+        indices = collectives.synchronize(indices_h)
+        if reduce_op == ReduceOp.AVERAGE:
+            values = values / size_of(process_set)
+        return torch.sparse_coo_tensor(
+            indices.t(), values, t.size(), check_invariants=False
+        ).coalesce()
+
+    return result
