@@ -97,7 +97,7 @@ def start(comm: Any = None) -> State:
             # Every rank of the world must come here; one that has ended never will, and
             # says so (see mpitrain.departures) instead of leaving this rank in MPI for ever.
             try:
-                departures.gate(MPI)
+                departures.gate(MPI, cfg.start_timeout)
             except BaseException:
                 departures.enter(Phase.FAILED)
                 raise

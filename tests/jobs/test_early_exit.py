@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from support import has_ulfm, run_job
+from support import has_ulfm, run_command, run_job
 
 SCRIPT = Path(__file__).with_name("early_exit.py")
 # How long after the departure (or rank 0's arrival in init(), whichever is later) the job
@@ -161,3 +161,50 @@ def test_in_elastic_training_the_survivor_goes_on(how, said):
     finished = re.findall(r"^FINISHED (\d+) (\d+) (\d+) ([\d.]+)$", result.stdout, flags=re.M)
     # Steps 0-9 summed 2 each, steps 10-29 summed 1 each on the survivor alone.
     assert finished == [("0", "1", "30", "40.0")], output
+
+
+# One rank that never ends and never comes: only the start timeout bounds it.
+LATE = textwrap.dedent("""
+    import os, sys, time
+    import mpitrain as hvd
+
+    late, pause = int(sys.argv[1]), float(sys.argv[2])
+    if int(os.environ["OMPI_COMM_WORLD_RANK"]) == late:
+        time.sleep(pause)  # stuck before init(): a lock, a slow file system, a long load
+    hvd.init()
+    print(f"FINISHED {hvd.rank()}", flush=True)
+""")
+START_TIMEOUT_S = 8.0
+# From mpitrainrun's start to the job's end: the timeout, plus each process's start before
+# mpitrain counts it (python, the launcher), plus the abort; measured 11-13 s at load 2-5.
+START_BOUND_S = START_TIMEOUT_S + 22.0
+
+
+@pytest.mark.parametrize(("late", "said"), [
+    (2, r"rank 2 of 3 did not reach mpitrain\.init\(\) within the start timeout of 8 s "
+        r"\(MPITRAIN_START_TIMEOUT, mpitrainrun --start-timeout\) while ranks 0-1 waited there"),
+    # Rank 0 keeps the roll: without it the others can only say so.
+    (0, r"some ranks of 3 did not reach mpitrain\.init\(\) within the start timeout of 8 s "
+        r"\(MPITRAIN_START_TIMEOUT, mpitrainrun --start-timeout\) while rank [12] waited "
+        r"there; rank 0 has not reached it either"),
+])
+def test_start_timeout_ends_the_job_naming_the_rank_that_never_came(late, said):
+    started = time.monotonic()
+    result = run_command([sys.executable, "-m", "mpitrain.runner.launch", "-np", "3", "-H",
+                          "localhost:3", "--start-timeout", f"{START_TIMEOUT_S:g}",
+                          sys.executable, "-c", LATE, str(late), "600"], timeout=150)
+    took = time.monotonic() - started
+    output = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode != 0 and "FINISHED" not in result.stdout, output
+    assert re.search(said, result.stderr), output
+    print(f"rank {late} late: the job ended {took:.1f} s after mpitrainrun started")
+    assert START_TIMEOUT_S <= took < START_BOUND_S, output
+
+
+def test_a_start_within_the_timeout_is_not_cut_short():
+    # The slow rank comes 3 s late, well inside the 8 s timeout: nothing is cut short.
+    result = run_command([sys.executable, "-m", "mpitrain.runner.launch", "-np", "2", "-H",
+                          "localhost:2", "--start-timeout", f"{START_TIMEOUT_S:g}",
+                          sys.executable, "-c", LATE, "1", "3"], timeout=120)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert sorted(result.stdout.split()) == ["0", "1", "FINISHED", "FINISHED"]
