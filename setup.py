@@ -23,6 +23,8 @@ TEST = [
     "mypy>=1.10",
     "build>=1.2",
     *EXAMPLES,
+    "hypothesis>=6.100",  # tests/mpi/properties_bad_input.py
+    "matplotlib>=3.8",  # benchmarks/chaos_soak.py's plot (its short run is a CI test)
 ]
 
 # The documentation site (mkdocs build --strict in CI) and the plots it shows.

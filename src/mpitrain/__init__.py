@@ -29,8 +29,8 @@ from . import (
 )
 from .version import __version__ as __version__
 
-# A rank failing before init() while the script runs MPI must not leave the others waiting.
-failure.install_before_init_hook()
+# A rank failing or ending before init() must not leave the others waiting for it.
+failure.install_import_time_hooks()
 
 if TYPE_CHECKING:
     from ._face import *  # noqa: F403 - the names type checkers see; loaded lazily below

@@ -140,6 +140,7 @@ class Config:
     cuda_aware_mpi: str = "auto"
     set_cpu_threads: bool = True
     abort_on_error: bool = True
+    start_timeout: float = 0.0
     log_level: str = "WARNING"
     allow_singleton: bool = False
     elastic_min_np: int = 0
@@ -231,6 +232,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("abort_on_error", "MPITRAIN_ABORT_ON_ERROR", _parse_bool,
              "An uncaught exception on any rank aborts the whole job, naming the rank "
              "(before init() too, once the script has started MPI)."),
+    Variable("start_timeout", "MPITRAIN_START_TIMEOUT", _parse_nonneg_float,
+             "Seconds from each process's start by which every rank must have reached init(); "
+             "past it the job ends naming the ranks that did not (mpitrainrun "
+             "--start-timeout); 0: wait as long as it takes (a rank that ended is noticed "
+             "anyway).", ("HOROVOD_START_TIMEOUT",)),
     Variable("log_level", "MPITRAIN_LOG_LEVEL", _parse_log_level,
              "TRACE|DEBUG|INFO|WARNING|ERROR|FATAL.", ("HOROVOD_LOG_LEVEL",)),
     Variable("allow_singleton", "MPITRAIN_ALLOW_SINGLETON", _parse_bool,

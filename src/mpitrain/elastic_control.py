@@ -15,7 +15,8 @@ driver's machine, which must also be rank 0's, or on a shared filesystem):
   on the new hosts).
 
 Both sides only ever replace ``hosts.json`` whole (a rename) and append whole lines to
-``events.jsonl``, so a reader never sees half a record.  Ground floor: no MPI, no framework.
+``events.jsonl``, so a reader never sees half a record.  The directory is 0700 and the files
+0600 (:mod:`mpitrain.private`).  Ground floor: no MPI, no framework.
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ import contextlib
 import json
 import os
 from typing import Any
+
+from . import private
 
 NOTICE = "hosts.json"
 EVENTS = "events.jsonl"
@@ -36,7 +39,7 @@ def write_notice(directory: str, time: float, update: int) -> None:
     """Driver side: tell the job (at its next commit) that hosts changed, as of ``time``."""
     target = os.path.join(directory, NOTICE)
     tmp = f"{target}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
+    with private.open_file(tmp, "w") as f:
         json.dump({"time": time, "update": int(update)}, f)
     os.replace(tmp, target)
 
@@ -54,11 +57,8 @@ def read_notice(directory: str) -> tuple[float, int] | None:
 def append_event(directory: str, event: str, **fields: Any) -> None:
     """Job side (rank 0): record one event as a JSON line (one write, so it lands whole)."""
     line = json.dumps({"event": event, **fields}) + "\n"
-    fd = os.open(os.path.join(directory, EVENTS), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    try:
-        os.write(fd, line.encode())
-    finally:
-        os.close(fd)
+    with private.open_file(os.path.join(directory, EVENTS), "ab", buffering=0) as f:
+        f.write(line.encode())  # one write of a whole line: a reader never sees half of it
 
 
 def read_events(directory: str) -> list[dict[str, Any]]:
@@ -76,8 +76,10 @@ def read_events(directory: str) -> list[dict[str, Any]]:
 
 
 def reset(directory: str) -> None:
-    """Driver side, before each launch: an empty control directory for the new job."""
-    os.makedirs(directory, exist_ok=True)
+    """Driver side, before each launch: an empty control directory for the new job, 0700
+    (it says which hosts run the job), its files 0600."""
+    private.make_dirs(directory)
+    os.chmod(directory, private.DIR_MODE)  # ours even if an earlier run left it
     for name in (NOTICE, EVENTS):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(directory, name))

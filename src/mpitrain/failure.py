@@ -1,4 +1,6 @@
-"""How a rank that dies of an uncaught exception reports it and ends the whole job.
+"""How a rank that dies of an uncaught exception reports it and ends the whole job, and how a
+rank that ends outside a running session (before or in ``init()``) does not leave the others
+waiting for it (:func:`install_import_time_hooks`, with :mod:`mpitrain.departures`).
 
 A mismatch found by negotiation is raised on every rank, and so is a caller's mistake that
 every rank makes: printed by each, p ranks give p chained tracebacks of one message.  So the
@@ -15,15 +17,18 @@ it cannot hang, and the job ends within seconds either way.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import io
+import os
 import sys
 import time
 import traceback
 from typing import Any
 
-from . import _mpi, config
+from . import _mpi, config, departures, launchers
+from .departures import Phase
 from .errors import ranks_text
 from .topology import Topology
 
@@ -33,68 +38,159 @@ _DIGEST = 8
 
 _comm: Any = None
 _topology: Topology | None = None
+_elastic = {"running": False}  # inside hvd.elastic.run: a rank that fails alone leaves
 _pending: list[Any] = []  # buffers of a request given up on: MPI may still write into them
 
 
 def arm(comm: Any, topology: Topology) -> None:
     """Duplicate ``comm`` for the agreement; collective, called by every rank at ``init()``."""
-    global _comm, _topology, _initialised_once
-    _comm, _topology, _initialised_once = comm.Dup(), topology, True
+    global _comm, _topology
+    _comm, _topology = comm.Dup(), topology
 
 
-# ------------------------------------------------------------------ before init()
-_initialised_once = False  # after init(), runtime's own hook decides (and after shutdown, no one)
-_before_init_installed = False
+# ------------------------------------------------------------------ outside a session
+_installed_in: int | None = None  # the process that imported mpitrain (not a forked child)
+# Whether the program is known to end with a non-zero status: sys.exit(n != 0), or an
+# uncaught exception.  atexit handlers are not told the status, so it is noted on the way.
+_failing = {"known": False}
 
 
-def install_before_init_hook() -> None:
-    """At ``import mpitrain``: an uncaught exception before ``init()`` ends a running MPI job.
+def install_import_time_hooks() -> None:
+    """At ``import mpitrain``: make a rank that ends outside a running session end the job
+    (or tell the others) instead of leaving them waiting for it.
 
-    When the user's script has started MPI itself (``from mpi4py import MPI`` starts it at
-    import) and one rank fails before ``init()`` (a missing file on one host, say), the other
-    ranks wait in ``init()``'s first collective, and the failing rank's own exit waits in
-    ``MPI_Finalize`` for them: every rank hangs (seen 2026-11-27 with 2 ranks; mpirun's
-    "process exited with non-zero status" never comes, since none exits). Where MPI is not
-    running yet the exit is plain and mpirun ends the job itself, so nothing is done then; nor
-    once ``init()`` has run (its own hook takes over), nor for Ctrl-C (every rank gets it), nor
-    with ``MPITRAIN_ABORT_ON_ERROR=0``.
+    Two ways out are covered, in the process that imported mpitrain (a child forked later
+    inherits the hooks but has no rank of its own, and leaves them alone):
+
+    * an uncaught exception (``sys.excepthook``, :func:`handle_outside_session`): before
+      ``init()`` while MPI runs, or in a failed ``init()``, the job is aborted naming the rank.
+      When the user's script has started MPI itself (``from mpi4py import MPI`` starts it at
+      import) and one rank fails before ``init()`` (a missing file on one host, say), the
+      other ranks wait in ``init()`` and the failing rank's own exit waits in
+      ``MPI_Finalize`` for them: every rank hangs (seen 2026-11-27 with 2 ranks; mpirun's
+      "process exited with non-zero status" never comes, since none exits);
+    * any other end of the program (``sys.exit()``, the end of the script; an ``atexit``
+      handler, :func:`_at_exit`): before ``init()`` the rank announces its departure to the
+      others (:mod:`mpitrain.departures`), whose ``init()`` then fails naming it; in the
+      middle of ``init()`` the job is aborted, the others waiting in its collectives.
+
+    Nothing is done where MPI is not running and no MPI launcher started several ranks,
+    after a clean ``shutdown()``, for Ctrl-C (every rank gets it), nor with
+    ``MPITRAIN_ABORT_ON_ERROR=0`` (which only keeps the departure announcement).
     """
-    global _before_init_installed
-    if _before_init_installed:
+    global _installed_in
+    if _installed_in is not None:
         return
-    _before_init_installed = True
+    _installed_in = os.getpid()
     previous = sys.excepthook
 
-    def abort_before_init(exc_type: Any, exc: Any, tb: Any) -> None:
-        world = None if _initialised_once else _running_world()
-        if world is None or issubclass(exc_type, KeyboardInterrupt) or not _abort_wanted():
-            _call_quietly(previous, exc_type, exc, tb)
-            return
-        _write_to_the_terminal()
-        _print_traceback(exc_type, exc, tb, previous)
-        _say(f"mpitrain: rank {world.Get_rank()} of {world.Get_size()} raised "
-             f"{exc_type.__name__} before mpitrain.init() while MPI was running; aborting all "
-             "ranks (the others would wait for this one forever).")
-        _abort()
+    def abort_outside_session(exc_type: Any, exc: Any, tb: Any) -> None:
+        handle_outside_session(exc_type, exc, tb, previous)
 
-    abort_before_init.below_mpitrain = previous  # type: ignore[attr-defined]
-    sys.excepthook = abort_before_init
+    abort_outside_session.below_mpitrain = previous  # type: ignore[attr-defined]
+    sys.excepthook = abort_outside_session
+    _note_exit_statuses()
+    atexit.register(_at_exit)
+
+
+def _note_exit_statuses() -> None:
+    """Have ``sys.exit(status)`` note whether the status is non-zero, then exit as before
+    (``raise SystemExit`` directly is not seen: its status counts as unknown)."""
+    original = sys.exit
+
+    def exit_noting_status(status: Any = None) -> None:
+        _failing["known"] = status is not None and status != 0
+        original(status)
+
+    exit_noting_status.__doc__ = original.__doc__
+    sys.exit = exit_noting_status  # type: ignore[assignment]
 
 
 def hook_below_ours(hook: Any) -> Any:
-    """``hook``, or what it wraps if it is the before-init hook (which has nothing to do after
-    ``init()``): init()'s own hook must see the user's hook (or ``sys.__excepthook__``) as its
-    previous one, so that a rank whose report another rank prints stays quiet."""
+    """``hook``, or what it wraps if it is the import-time hook (which has nothing to do while
+    a session runs): init()'s own hook must see the user's hook (or ``sys.__excepthook__``) as
+    its previous one, so that a rank whose report another rank prints stays quiet."""
     return getattr(hook, "below_mpitrain", hook)
+
+
+def _waiting_world() -> Any:
+    """COMM_WORLD when this rank's end would leave others waiting for it, else None: MPI runs
+    with more than one rank, this is the process that imported mpitrain, and it is before or
+    in ``init()`` (after a clean shutdown, nobody waits)."""
+    if os.getpid() != _installed_in:
+        return None
+    if departures.phase() not in (Phase.BEFORE, Phase.STARTING, Phase.FAILED):
+        return None
+    return _running_world()
+
+
+def handle_outside_session(exc_type: Any, exc: Any, tb: Any, previous: Any) -> None:
+    """An uncaught exception while no session runs: abort the job if others may wait for this
+    rank (see :func:`install_import_time_hooks`), else hand it to ``previous``."""
+    _failing["known"] = True  # Python ends with status 1 after an uncaught exception
+    world = _waiting_world()
+    if world is None or issubclass(exc_type, KeyboardInterrupt) or not _abort_wanted():
+        _call_quietly(previous, exc_type, exc, tb)
+        return
+    _write_to_the_terminal()
+    _print_traceback(exc_type, exc, tb, previous)
+    where = f"rank {world.Get_rank()} of {world.Get_size()}"
+    if departures.phase() is Phase.BEFORE:
+        _say(f"mpitrain: {where} raised {exc_type.__name__} before mpitrain.init() while MPI "
+             "was running; aborting all ranks (the others would wait for this one forever).")
+    else:
+        _say(f"mpitrain: {where} raised {exc_type.__name__} in mpitrain.init(); aborting all "
+             "ranks (the others would wait for this one forever).")
+    _abort()
+
+
+def _at_exit() -> None:
+    """The program is ending (not by an uncaught exception that aborted the job): tell the
+    others if this rank never started mpitrain, or end the job if it left ``init()`` midway."""
+    if os.getpid() != _installed_in:
+        return
+    now = departures.phase()
+    if now is Phase.BEFORE:
+        MPI = _running_mpi()
+        if MPI is None:
+            claim = launchers.detect()
+            if claim is None or claim.launcher.kind != "mpi" or _failing["known"]:
+                # No MPI job; or a non-zero status, on which the launcher ends the job itself
+                # (Open MPI: "exited with non-zero status") sooner than the others would hear.
+                return
+            # Under an MPI launcher the others' MPI_Init waits for this process to start MPI
+            # (Open MPI counts a rank that ends with status 0 without it as finished): start
+            # it, so that they get as far as init(), where the announcement reaches them.
+            MPI = _mpi.load()
+        with contextlib.suppress(Exception):  # an MPI that broke must not stop the exit
+            departures.announce(MPI)
+        return
+    if now in (Phase.STARTING, Phase.FAILED):
+        world = _waiting_world()
+        if world is None or not _abort_wanted():
+            return
+        _say(f"mpitrain: rank {world.Get_rank()} of {world.Get_size()} is ending in "
+             "mpitrain.init() (sys.exit(), or an error caught and left behind); aborting all "
+             "ranks (the others would wait for this one forever).")
+        _abort()
+
+
+def _running_mpi() -> Any:
+    """The mpi4py.MPI module if this process has started MPI (and not finalized it)."""
+    MPI = sys.modules.get("mpi4py.MPI")
+    try:
+        if MPI is not None and MPI.Is_initialized() and not MPI.Is_finalized():
+            return MPI
+    except Exception:  # noqa: BLE001 - a broken MPI: nothing to tell anyone through it
+        return None
+    return None
 
 
 def _running_world() -> Any:
     """MPI's COMM_WORLD if mpi4py has started MPI and it has more than one rank, else None."""
-    MPI = sys.modules.get("mpi4py.MPI")
-    if MPI is None:
-        return None
+    MPI = _running_mpi()
     try:
-        if MPI.Is_initialized() and not MPI.Is_finalized() and MPI.COMM_WORLD.Get_size() > 1:
+        if MPI is not None and MPI.COMM_WORLD.Get_size() > 1:
             return MPI.COMM_WORLD
     except Exception:  # noqa: BLE001 - a broken MPI: let the plain exit happen
         return None
@@ -106,6 +202,12 @@ def _abort_wanted() -> bool:
         return bool(config.load().abort_on_error)
     except Exception:  # noqa: BLE001 - a bad setting elsewhere must not keep a rank hanging
         return True
+
+
+def elastic_training(running: bool) -> None:
+    """Say whether elastic training (``hvd.elastic.run``) is under way: there, a rank that
+    fails alone leaves the job instead of aborting it, and the others go on."""
+    _elastic["running"] = running
 
 
 def disarm() -> None:
@@ -136,6 +238,12 @@ def report_and_abort(exc_type: Any, exc: Any, tb: Any, previous: Any) -> None:
     everyone = _gather(comm, digest, topo.size, AGREE_SECONDS)
     if everyone is None:  # some rank is still running: report alone, at once
         _print_traceback(exc_type, exc, tb, previous)
+        if _elastic["running"]:
+            # The program ends normally from here: its shutdown at exit tells the others,
+            # which rebuild the job without this rank (mpitrain.session.rebuild) and go on.
+            _say(f"mpitrain: {where} raised {name} in elastic training; this rank leaves the "
+                 "job, the others go on without it.")
+            return
         _say(f"mpitrain: {where} raised {name}; aborting all ranks.")
         _abort()
         return

@@ -17,8 +17,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from . import _mpi, binding, failure, job_env, launchers, survivors, topology
+from . import _mpi, binding, departures, failure, job_env, launchers, survivors, topology
 from . import config as config_module
+from .departures import Phase
 from .errors import not_initialized
 from .topology import Communicators, Topology
 
@@ -92,7 +93,16 @@ def start(comm: Any = None) -> State:
         cfg = config_module.load()
         launchers.check_world(MPI.COMM_WORLD.Get_size(), cfg.allow_singleton,
                               _mpi.library_version())
-        job_comm = _resolve_comm(MPI, comm)
+        if comm is None:
+            # Every rank of the world must come here; one that has ended never will, and
+            # says so (see mpitrain.departures) instead of leaving this rank in MPI for ever.
+            try:
+                departures.gate(MPI, cfg.start_timeout)
+            except BaseException:
+                departures.enter(Phase.FAILED)
+                raise
+        job_comm = _resolve_comm(MPI, comm)  # its mistakes are raised before any collective
+        departures.enter(Phase.STARTING)
         comms = None
         try:
             spans_world = job_comm.Get_size() == MPI.COMM_WORLD.Get_size()
@@ -108,7 +118,9 @@ def start(comm: Any = None) -> State:
             spare = comms.world.Dup()
         except BaseException:
             # Peers may be waiting for this rank in a collective of the ones being built:
-            # where MPI can (ULFM), make those collectives fail rather than wait forever.
+            # where MPI can (ULFM), make those collectives fail rather than wait forever;
+            # elsewhere this rank's exit aborts the job (mpitrain.failure).
+            departures.enter(Phase.FAILED)
             survivors.revoke([job_comm] + ([comms.world, comms.local, comms.cross]
                                            if comms is not None else []))
             raise
@@ -130,6 +142,8 @@ def _check_settings_agree(cfg: config_module.Config, comm: Any) -> None:
     mine = [getattr(cfg, field) for field in config_module.MUST_AGREE]
     problems = config_module.disagreements(comm.allgather(mine))
     if problems:
+        # Every rank raises this, after the same collective: nobody is left waiting.
+        departures.enter(Phase.STOPPED)
         raise ValueError(
             "mpitrain settings differ between ranks, which would leave them waiting in "
             "different collectives: " + "; ".join(problems) + ". Give every rank the same "
@@ -291,7 +305,10 @@ def _install_abort_hook() -> None:
 
     def abort_on_uncaught(exc_type: Any, exc: Any, tb: Any) -> None:
         current = _state
-        if (current is None or current.topology.size == 1 or not current.config.abort_on_error
+        if current is None:  # before, in or after a session: others may still wait for us
+            failure.handle_outside_session(exc_type, exc, tb, previous)
+            return
+        if (current.topology.size == 1 or not current.config.abort_on_error
                 or issubclass(exc_type, KeyboardInterrupt)):
             try:
                 previous(exc_type, exc, tb)

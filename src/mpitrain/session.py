@@ -15,7 +15,8 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _mpi, finalize, runtime, survivors, torch_adapters
+from . import _mpi, departures, finalize, runtime, survivors, torch_adapters
+from .departures import Phase
 from .engine.device import cuda_awareness
 from .engine.engine import Engine
 from .engine.request import Kind, Request
@@ -65,9 +66,12 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             engine = Engine(state.config, state.topology, state.comms)
             engine.start()
         except BaseException:
+            # The others' engines may already wait for this one: its exit ends the job.
             runtime.stop()
+            departures.enter(Phase.FAILED)
             raise
         _engine = engine
+        departures.enter(Phase.RUNNING)
         _job_comm = comm
         global_process_set.ranks = list(range(state.topology.size))
         if not _atexit_registered:
@@ -92,10 +96,12 @@ def shutdown() -> None:
     if engine is None:
         return
     try:
-        engine.stop()
+        engine.stop(leaving=True)
     finally:
         registry.forget_all()  # ids are meaningless once the engine that gave them stopped
         runtime.stop()
+        # The engine's last round told every rank (they fail what they submit from now on).
+        departures.enter(Phase.STOPPED)
 
 
 def rebuild() -> list[int]:
@@ -123,6 +129,8 @@ def rebuild() -> list[int]:
         comm = _job_comm
         _engine = None
         sets = [(ps, list(ps.ranks)) for ps in registry.in_order()]
+        # Until the survivors agree, leaving here leaves them waiting (like leaving init()).
+        departures.enter(Phase.STARTING)
         try:
             running.stop()  # the thread has usually ended already, on the failure
             for before_hook, _ in _rebuild_hooks:
@@ -134,7 +142,11 @@ def rebuild() -> list[int]:
             registry.forget_all()
             runtime.stop()
         try:
-            lost, new_rank_of = _build_over_survivors(before, comm)
+            leavers = running.peers_left
+            if leavers:
+                lost, new_rank_of = _build_without(before, leavers)
+            else:
+                lost, new_rank_of = _build_over_survivors(before, comm)
         finally:
             before.Free()
     _register_again(sets, new_rank_of)
@@ -188,6 +200,28 @@ def _register_again(sets: list[tuple[ProcessSet, list[int]]],
             add_process_set(ps)
 
 
+def _build_without(before: Any, leavers: list[int]) -> tuple[list[int], list[int | None]]:
+    """init() over the ranks of ``before`` except ``leavers``, ranks that shut down while this
+    one still ran (their program ended, or called shutdown()): alive but gone, they wait in
+    MPI_Finalize and would never join a shrink, so the others build the new job among
+    themselves (MPI_Comm_create_group is collective over the group's members only), with or
+    without ULFM.  Every rank still running saw the same leavers in the same round."""
+    MPI = _mpi.load()
+    everyone = before.Get_group()
+    rest = everyone.Excl(leavers)
+    try:
+        sub = before.Create_group(rest)
+    finally:
+        everyone.Free()
+        rest.Free()
+    try:
+        init(sub)
+        return survivors.lost_ranks(before, sub), survivors.new_ranks(before, sub)
+    finally:
+        if sub != MPI.COMM_NULL:
+            sub.Free()  # init() works on its own duplicate
+
+
 def _build_over_survivors(before: Any, comm: Any) -> tuple[list[int], list[int | None]]:
     """Shrink ``before`` to the live ranks and init() over them, until every survivor's init
     succeeded.  A failed attempt is retried only if a rank died since the last one; otherwise
@@ -203,6 +237,7 @@ def _build_over_survivors(before: Any, comm: Any) -> tuple[list[int], list[int |
                 return [], list(range(before.Get_size()))
             if error is not None and shrunk.Get_size() == current.Get_size():
                 shrunk.Free()  # nobody died since the failed attempt: it was not a death
+                departures.enter(Phase.STOPPED)  # every survivor raises here, together
                 raise error
             if current is not before:
                 current.Free()

@@ -8,6 +8,7 @@ group over the same ranks uses the TCP store that fallback served from rank 0.
 """
 
 import os
+import struct
 import warnings
 
 import pytest
@@ -312,6 +313,55 @@ def test_new_group_whole_world_and_registered_subset(pg, hvd):
                 assert x.tolist() == [0.0]
     finally:
         hvd.remove_process_set(ps)
+
+
+def _listening(port: int) -> list[str]:
+    """The addresses on which some socket of this machine listens on ``port`` (from
+    /proc/net/tcp and tcp6: what the kernel says, not what our code believes)."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                lines = f.read().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            local, state = line.split()[1], line.split()[3]
+            address, hex_port = local.rsplit(":", 1)
+            if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+                raw = bytes.fromhex(address)
+                if len(raw) == 4:
+                    found.append(".".join(str(b) for b in raw[::-1]))
+                else:
+                    found.append(":".join(f"{w:08x}" for w in struct.unpack("<4I", raw)))
+    return found
+
+
+def test_the_rendezvous_store_is_the_jobs_own_bound_to_loopback_and_keyed(pg):
+    """The env:// rendezvous served the job's store: on this one-host job it listens on
+    127.0.0.1 only (no wildcard), and a connection without the job's key is refused, whether
+    it comes from torch's own TCPStore client or from a store holding another key."""
+    import datetime
+
+    from mpitrain.torch.c10d import store as job_store
+
+    store = dist.distributed_c10d._get_default_store()
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    assert isinstance(store, job_store.JobStore)
+    assert store.address == "127.0.0.1"
+    addresses = WORLD.bcast(_listening(store.port) if RANK == 0 else None, root=0)
+    assert addresses == ["127.0.0.1"], addresses
+    if RANK == 0:
+        with pytest.raises(job_store.AuthenticationError, match="refused this process"):
+            job_store.JobStore("127.0.0.1", store.port, job_store.new_key(),
+                               datetime.timedelta(seconds=5))
+        with pytest.raises(Exception):  # noqa: B017 - torch's DistNetworkError or a timeout
+            dist.TCPStore("127.0.0.1", store.port, 2, False,
+                          timeout=datetime.timedelta(seconds=2))
+    store.set(f"still.served.{RANK}", b"yes")  # the job's own connections are unaffected
+    store.wait([f"still.served.{r}" for r in range(SIZE)], datetime.timedelta(seconds=30))
+    assert os.environ.get("MASTER_ADDR") == "127.0.0.1" and "MASTER_PORT" not in os.environ
 
 
 # --------------------------------------------------------------------- stock DDP

@@ -144,3 +144,12 @@ def test_deterministic_values():
     with pytest.warns(RuntimeWarning, match=r"MPITRAIN_DETERMINISTIC='exact'.*rank-order"):
         assert config.load({"MPITRAIN_DETERMINISTIC": "exact"}).deterministic == ""
     assert "deterministic" in config.MUST_AGREE
+
+
+def test_start_timeout_and_its_horovod_name():
+    assert config.load({}).start_timeout == 0.0  # off: a long load before init() is allowed
+    assert config.load({"HOROVOD_START_TIMEOUT": "30"}).start_timeout == 30.0
+    assert config.load({"MPITRAIN_START_TIMEOUT": "2.5",
+                        "HOROVOD_START_TIMEOUT": "30"}).start_timeout == 2.5
+    with pytest.warns(RuntimeWarning, match=r"MPITRAIN_START_TIMEOUT='-1'"):
+        assert config.load({"MPITRAIN_START_TIMEOUT": "-1"}).start_timeout == 0.0

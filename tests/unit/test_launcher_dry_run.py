@@ -52,6 +52,12 @@ CASES_OPENMPI = [
      "--allreduce-algorithm ring python t.py",
      OMPI.format(np=2) + " -x PATH -x MPITRAIN_ALLREDUCE_ALGORITHM=ring "
      "-x MPITRAIN_TIMELINE=/tmp/tl.json -x MPITRAIN_TIMELINE_MARK_CYCLES=1 python t.py"),
+    # horovodrun's --start-timeout: how long every rank has to reach init().
+    ("-np 2 --start-timeout 45 python t.py",
+     OMPI.format(np=2) + " -x PATH -x MPITRAIN_START_TIMEOUT=45 python t.py"),
+    ("-np 2 --start-timeout 2.5 --log-level INFO python t.py",
+     OMPI.format(np=2) + " -x PATH -x MPITRAIN_START_TIMEOUT=2.5 -x MPITRAIN_LOG_LEVEL=INFO "
+     "python t.py"),
     # --deterministic is a flag: the program's name after it is not taken for a mode.
     ("-np 2 --deterministic python t.py",
      OMPI.format(np=2) + " -x PATH -x MPITRAIN_DETERMINISTIC=1 python t.py"),
@@ -91,6 +97,8 @@ CASES_MPICH = [
      HYDRA + " -genv MPITRAIN_FUSION_THRESHOLD 524288 -genv MPITRAIN_ALLREDUCE_STREAMS 4 "
              "-n 2 python t.py"),
     ("-np 2 --mpi-args='-l' python t.py", HYDRA + " -l -n 2 python t.py"),
+    ("-np 2 --start-timeout 30 python t.py",
+     HYDRA + " -genv MPITRAIN_START_TIMEOUT 30 -n 2 python t.py"),
 ]
 
 CASES_INTEL = [
@@ -247,6 +255,9 @@ def test_bad_numbers_are_usage_errors(capsys):
     with pytest.raises(SystemExit):
         launch.main(["-np", "2", "--fusion-threshold-mb", "-1", "x"])
     assert "'-1' must be >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        launch.main(["-np", "2", "--start-timeout", "-5", "x"])
+    assert "'-5' must be >= 0" in capsys.readouterr().err
 
 
 def test_unknown_host_is_refused_before_launching(machine, capsys):

@@ -24,9 +24,9 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 
-GROUND = {"_mpi", "adasum_layout", "binding", "config", "dtypes", "elastic_control", "errors",
-          "failure", "finalize", "job_env", "launchers", "memory", "process_sets", "runtime",
-          "survivors", "topology", "torch_adapters", "version"}
+GROUND = {"_mpi", "adasum_layout", "binding", "config", "departures", "dtypes", "elastic_control",
+          "errors", "failure", "finalize", "job_env", "launchers", "memory", "private",
+          "process_sets", "runtime", "survivors", "topology", "torch_adapters", "version"}
 FRONT_DOOR = {"collectives", "arrays", "compression", "compressors"}
 ADAPTERS = {"torch", "tensorflow", "keras", "kvstore", "mxnet", "files", "scopes", "_face",
             "tensor_ops", "info", "elastic"}

@@ -19,6 +19,7 @@ from .requests import (
     entry_new_output,
     rank_within,
     ready_events,
+    refused_everywhere,
     request_name,
     submit,
     synchronize,
@@ -28,18 +29,20 @@ from .requests import (
 def _allgather_request(tensors: Sequence[Any], name: str | None,
                        process_set: ProcessSet) -> tuple[Request, list[list[Any]]]:
     set_id = set_id_of(process_set)
-    entries, keeps = [], []
-    for i, t in enumerate(tensors):
-        what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
-        dtype = arrays.check_tensor(t, what)
-        shape = tuple(t.shape) if t.ndim > 0 else (1,)
-        keep: list[Any] = []
-        entries.append(Entry(input=arrays.storage_view(t).reshape(shape), shape=shape,
-                             dtype=dtype, allocate=arrays.allocator_like(t, keep)))
-        keeps.append(keep)
-    request = Request(name=request_name(name, set_id, Kind.ALLGATHER), kind=Kind.ALLGATHER,
-                      entries=entries, device=device_kind(tensors), ready=ready_events(tensors),
-                      process_set_id=set_id)
+    full_name = request_name(name, set_id, Kind.ALLGATHER)  # first: see request_name
+    with refused_everywhere(full_name, Kind.ALLGATHER, set_id):
+        entries, keeps = [], []
+        for i, t in enumerate(tensors):
+            what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
+            dtype = arrays.check_tensor(t, what)
+            shape = tuple(t.shape) if t.ndim > 0 else (1,)
+            keep: list[Any] = []
+            entries.append(Entry(input=arrays.storage_view(t).reshape(shape), shape=shape,
+                                 dtype=dtype, allocate=arrays.allocator_like(t, keep)))
+            keeps.append(keep)
+        device = device_kind(tensors)
+    request = Request(name=full_name, kind=Kind.ALLGATHER, entries=entries, device=device,
+                      ready=ready_events(tensors), process_set_id=set_id)
     return request, keeps
 
 
@@ -74,15 +77,17 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
 
 def _broadcast_request(tensor: Any, root_rank: int, in_place: bool, name: str | None,
                        process_set: ProcessSet) -> tuple[Request, Any]:
-    root = rank_within(process_set, root_rank)
     set_id = set_id_of(process_set)
-    if in_place:
-        entry, out = entry_in_place(tensor, "tensor"), tensor
-    else:
-        entry, out = entry_new_output(tensor, "tensor")
-    request = Request(name=request_name(name, set_id, Kind.BROADCAST), kind=Kind.BROADCAST,
-                      entries=[entry], root=root, device=device_kind([tensor]),
-                      ready=ready_events([tensor]), process_set_id=set_id)
+    full_name = request_name(name, set_id, Kind.BROADCAST)  # first: see request_name
+    with refused_everywhere(full_name, Kind.BROADCAST, set_id):
+        root = rank_within(process_set, root_rank)
+        if in_place:
+            entry, out = entry_in_place(tensor, "tensor"), tensor
+        else:
+            entry, out = entry_new_output(tensor, "tensor")
+        device = device_kind([tensor])
+    request = Request(name=full_name, kind=Kind.BROADCAST, entries=[entry], root=root,
+                      device=device, ready=ready_events([tensor]), process_set_id=set_id)
     return request, out
 
 
@@ -129,31 +134,20 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
     """
     set_id = set_id_of(process_set)
     size = len(session.engine().process_set(set_id).world_ranks)
-    dtype = arrays.check_tensor(tensor, "tensor")
-    if tensor.ndim == 0:
-        raise ValueError("alltoall needs a tensor with at least one dimension, got a scalar")
-    rows = int(tensor.shape[0])
-    if splits is None:
-        if rows % size:
-            raise ValueError(f"alltoall without splits needs the first dimension ({rows}) to "
-                             f"be divisible by the number of ranks ({size}); pass splits=")
-        split_list = [rows // size] * size
-    else:
-        raw = splits.tolist() if hasattr(splits, "tolist") else list(splits)
-        if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in raw):
-            # ValueError, not TypeError: Horovod's contract for a splits tensor of the wrong
-            # dtype (its scripts catch ValueError), and it is the value that is wrong.
-            raise ValueError(f"splits must be integers (an int tensor or list), got {raw}")
-        split_list = [int(s) for s in raw]
-        if len(split_list) != size or any(s < 0 for s in split_list) or sum(split_list) != rows:
-            raise ValueError(f"splits={split_list} must have {size} non-negative entries summing "
-                             f"to the first dimension {rows}")
-    keep: list[Any] = []
-    entry = Entry(input=arrays.storage_view(tensor), shape=tuple(tensor.shape), dtype=dtype,
-                  allocate=arrays.allocator_like(tensor, keep), splits=tuple(split_list))
-    request = Request(name=request_name(name, set_id, Kind.ALLTOALL), kind=Kind.ALLTOALL,
-                      entries=[entry], device=device_kind([tensor]), ready=ready_events([tensor]),
-                      process_set_id=set_id)
+    full_name = request_name(name, set_id, Kind.ALLTOALL)  # first: see request_name
+    with refused_everywhere(full_name, Kind.ALLTOALL, set_id):
+        dtype = arrays.check_tensor(tensor, "tensor")
+        if tensor.ndim == 0:
+            raise ValueError("alltoall needs a tensor with at least one dimension, got a "
+                             "scalar")
+        split_list = _alltoall_splits(splits, int(tensor.shape[0]), size)
+        keep: list[Any] = []
+        entry = Entry(input=arrays.storage_view(tensor), shape=tuple(tensor.shape),
+                      dtype=dtype, allocate=arrays.allocator_like(tensor, keep),
+                      splits=tuple(split_list))
+        device = device_kind([tensor])
+    request = Request(name=full_name, kind=Kind.ALLTOALL, entries=[entry], device=device,
+                      ready=ready_events([tensor]), process_set_id=set_id)
 
     def finish(h: Handle) -> tuple[Any, Any]:
         received = list(entry.received_splits or ())
@@ -163,6 +157,25 @@ def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
         return keep[0], np.asarray(received, dtype=np.int32)
 
     return submit(request, finish)
+
+
+def _alltoall_splits(splits: Any, rows: int, size: int) -> list[int]:
+    """The rows for each rank: ``splits`` checked, or an even split."""
+    if splits is None:
+        if rows % size:
+            raise ValueError(f"alltoall without splits needs the first dimension ({rows}) to "
+                             f"be divisible by the number of ranks ({size}); pass splits=")
+        return [rows // size] * size
+    raw = splits.tolist() if hasattr(splits, "tolist") else list(splits)
+    if any(isinstance(s, bool) or not isinstance(s, (int, np.integer)) for s in raw):
+        # ValueError, not TypeError: Horovod's contract for a splits tensor of the wrong
+        # dtype (its scripts catch ValueError), and it is the value that is wrong.
+        raise ValueError(f"splits must be integers (an int tensor or list), got {raw}")
+    split_list = [int(s) for s in raw]
+    if len(split_list) != size or any(s < 0 for s in split_list) or sum(split_list) != rows:
+        raise ValueError(f"splits={split_list} must have {size} non-negative entries summing "
+                         f"to the first dimension {rows}")
+    return split_list
 
 
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,

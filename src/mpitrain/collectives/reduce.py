@@ -18,6 +18,7 @@ from .requests import (
     entry_in_place,
     entry_new_output,
     ready_events,
+    refused_everywhere,
     request_name,
     resolve_op,
     scale_factor,
@@ -29,28 +30,30 @@ from .requests import (
 def _allreduce_request(tensors: Sequence[Any], in_place: bool, name: str | None, op: Any,
                        average: bool | None, prescale_factor: Any, postscale_factor: Any,
                        process_set: ProcessSet) -> tuple[Request, list[Any]]:
-    reduce_op = resolve_op(op, average)
-    pre = scale_factor(prescale_factor, "prescale_factor")
-    post = scale_factor(postscale_factor, "postscale_factor")
     set_id = set_id_of(process_set)
-    check_adasum(reduce_op, set_id)
-    entries, outputs = [], []
-    for i, t in enumerate(tensors):
-        what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
-        if in_place:
-            entry, out = entry_in_place(t, what), t
-        else:
-            entry, out = entry_new_output(t, what)
-        check_reduce_supported(entry.dtype, reduce_op)
-        if entry.dtype == "bool" and (pre != 1.0 or post != 1.0):
-            raise ValueError(f"{what} is bool: scale factors must be 1, got prescale_factor="
-                             f"{pre}, postscale_factor={post}")
-        entries.append(entry)
-        outputs.append(out)
-    request = Request(name=request_name(name, set_id, Kind.ALLREDUCE), kind=Kind.ALLREDUCE,
-                      entries=entries, op=reduce_op, prescale=pre, postscale=post,
-                      device=device_kind(tensors), ready=ready_events(tensors),
-                      process_set_id=set_id)
+    full_name = request_name(name, set_id, Kind.ALLREDUCE)  # first: see request_name
+    with refused_everywhere(full_name, Kind.ALLREDUCE, set_id):
+        reduce_op = resolve_op(op, average)
+        pre = scale_factor(prescale_factor, "prescale_factor")
+        post = scale_factor(postscale_factor, "postscale_factor")
+        check_adasum(reduce_op, set_id)
+        entries, outputs = [], []
+        for i, t in enumerate(tensors):
+            what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
+            if in_place:
+                entry, out = entry_in_place(t, what), t
+            else:
+                entry, out = entry_new_output(t, what)
+            check_reduce_supported(entry.dtype, reduce_op)
+            if entry.dtype == "bool" and (pre != 1.0 or post != 1.0):
+                raise ValueError(f"{what} is bool: scale factors must be 1, got "
+                                 f"prescale_factor={pre}, postscale_factor={post}")
+            entries.append(entry)
+            outputs.append(out)
+        device = device_kind(tensors)
+    request = Request(name=full_name, kind=Kind.ALLREDUCE, entries=entries, op=reduce_op,
+                      prescale=pre, postscale=post, device=device,
+                      ready=ready_events(tensors), process_set_id=set_id)
     return request, outputs
 
 
@@ -153,28 +156,29 @@ def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None,
 def _reducescatter_request(tensors: Sequence[Any], name: str | None, op: Any,
                            prescale_factor: Any, postscale_factor: Any,
                            process_set: ProcessSet) -> tuple[Request, list[list[Any]]]:
-    reduce_op = resolve_op(op, None)
-    pre = scale_factor(prescale_factor, "prescale_factor")
-    post = scale_factor(postscale_factor, "postscale_factor")
     set_id = set_id_of(process_set)
-    check_adasum(reduce_op, set_id)
-    entries, keeps = [], []
-    for i, t in enumerate(tensors):
-        what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
-        dtype = arrays.check_tensor(t, what)
-        if t.ndim == 0:
-            raise ValueError(f"reducescatter needs {what} with at least one dimension, got a "
-                             "scalar")
-        check_reduce_supported(dtype, reduce_op)
-        keep: list[Any] = []
-        entries.append(Entry(input=arrays.storage_view(t), shape=tuple(t.shape), dtype=dtype,
-                             allocate=arrays.allocator_like(t, keep)))
-        keeps.append(keep)
-    request = Request(name=request_name(name, set_id, Kind.REDUCESCATTER),
-                      kind=Kind.REDUCESCATTER,
-                      entries=entries, op=reduce_op, prescale=pre, postscale=post,
-                      device=device_kind(tensors), ready=ready_events(tensors),
-                      process_set_id=set_id)
+    full_name = request_name(name, set_id, Kind.REDUCESCATTER)  # first: see request_name
+    with refused_everywhere(full_name, Kind.REDUCESCATTER, set_id):
+        reduce_op = resolve_op(op, None)
+        pre = scale_factor(prescale_factor, "prescale_factor")
+        post = scale_factor(postscale_factor, "postscale_factor")
+        check_adasum(reduce_op, set_id)
+        entries, keeps = [], []
+        for i, t in enumerate(tensors):
+            what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
+            dtype = arrays.check_tensor(t, what)
+            if t.ndim == 0:
+                raise ValueError(f"reducescatter needs {what} with at least one dimension, "
+                                 "got a scalar")
+            check_reduce_supported(dtype, reduce_op)
+            keep: list[Any] = []
+            entries.append(Entry(input=arrays.storage_view(t), shape=tuple(t.shape),
+                                 dtype=dtype, allocate=arrays.allocator_like(t, keep)))
+            keeps.append(keep)
+        device = device_kind(tensors)
+    request = Request(name=full_name, kind=Kind.REDUCESCATTER, entries=entries, op=reduce_op,
+                      prescale=pre, postscale=post, device=device,
+                      ready=ready_events(tensors), process_set_id=set_id)
     return request, keeps
 
 

@@ -8,8 +8,9 @@ negotiates.  The engine is reached through :func:`mpitrain.session.engine` and n
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -18,7 +19,8 @@ from .. import arrays, session
 from ..adasum_layout import check_layout
 from ..dtypes import ReduceOp
 from ..engine import device
-from ..engine.request import Entry, Handle, Kind, Request
+from ..engine.request import Entry, Handle, Kind, Request, refusal
+from ..errors import MpitrainInternalError
 from ..process_sets import ProcessSet, set_id_of
 
 Average = ReduceOp.AVERAGE
@@ -85,11 +87,33 @@ def rank_within(process_set: ProcessSet, world_rank: Any, what: str = "root_rank
 
 
 def request_name(name: str | None, set_id: int, kind: Kind) -> str:
+    """The request's name: ``name``, or the next generated one of ``kind`` in the set.
+
+    Call it before validating anything else: a generated name is the next number of a counter
+    every rank keeps, and a call refused on one rank must use its number up there as on the
+    ranks whose call went through, or every later unnamed collective would pair with another
+    rank's previous one.
+    """
     if name is None:
         return str(session.engine().next_name(set_id, kind))
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
     return name
+
+
+@contextlib.contextmanager
+def refused_everywhere(name: str, kind: Kind, set_id: int) -> Iterator[None]:
+    """Around a call's validation: if this rank refuses its arguments, tell the other ranks
+    before raising, so that their submissions of the same collective fail at once with this
+    rank's reason (the engine negotiates a stand-in request, ``request.refusal``) instead of
+    waiting for a call that will never come."""
+    try:
+        yield
+    except (ValueError, TypeError) as exc:
+        with contextlib.suppress(ValueError, MpitrainInternalError):  # not a member, stopped
+            session.engine().submit(refusal(name, kind, set_id,
+                                            f"{type(exc).__name__}: {exc}"))
+        raise
 
 
 def submit(request: Request, finish: Any) -> Handle:

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .. import collectives, elastic_control, runtime, session
+from .. import collectives, elastic_control, failure, runtime, session
 from ..errors import (
     ElasticLimitError,
     HorovodInternalError,
@@ -171,7 +171,12 @@ def run(func: Callable[..., R]) -> Callable[..., R]:
     @functools.wraps(func)
     def first(state: State, *args: Any, **kwargs: Any) -> R:
         resume_from_state_file(state)
-        return rounds(state, *args, **kwargs)
+        # An error that escapes on one rank only now ends that rank, not the job: still set
+        # when the error reaches the excepthook, cleared only on a normal return.
+        failure.elastic_training(True)
+        result = rounds(state, *args, **kwargs)
+        failure.elastic_training(False)
+        return result
 
     return first
 

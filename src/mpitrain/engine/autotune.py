@@ -45,6 +45,7 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import IO, Any, NamedTuple
 
+from .. import private
 from ..config import Config, MiB
 
 # The clock samples are timed with; tests replace it (per rank) to inject timing noise.
@@ -226,7 +227,8 @@ class Autotuner:
         self._file: IO[str] | None = None
         self._writer: csv.DictWriter[str] | None = None
         if log_path:
-            self._file = open(log_path, "w", newline="")  # noqa: SIM115 - closed in close()
+            # The job's settings and speeds: the user's alone (0600).  Closed in close().
+            self._file = private.open_file(log_path, "w", newline="")
             self._writer = csv.DictWriter(self._file, fieldnames=LOG_COLUMNS)
             self._writer.writeheader()
             self._file.flush()

@@ -24,7 +24,7 @@ from mpi4py import MPI
 from .. import survivors, topology
 from ..config import Config
 from ..dtypes import STORAGE
-from ..errors import CollectiveMismatchError, MpitrainInternalError
+from ..errors import CollectiveMismatchError, MpitrainInternalError, ranks_text
 from . import autotune_sync, buckets
 from .autotune import Setting, start_setting
 from .negotiation import Response, wait_for
@@ -55,6 +55,9 @@ class Engine:
         self._stopping = False
         self._stopped = False
         self._stop_reason = ""
+        self._stopping_ranks: list[int] = []
+        self._leaving = False  # this rank stops to leave the job (see stop())
+        self._peers_left: list[int] = []
         self._fatal: BaseException | None = None
         self._thread: threading.Thread | None = None
         self._sets: dict[int, SetState] = {}
@@ -160,12 +163,18 @@ class Engine:
                 self._cond.notify()
         return handle
 
-    def stop(self) -> None:
-        """Stop the thread; every rank's pending requests fail; returns when it has ended."""
+    def stop(self, leaving: bool = False) -> None:
+        """Stop the thread; every rank's pending requests fail; returns when it has ended.
+
+        ``leaving``: this rank leaves the job (shutdown(), the end of its program) rather than
+        stopping to rebuild it with the others: ranks that go on learn it
+        (:attr:`peers_left`) and can rebuild without this one.
+        """
         with self._cond:
             if self._thread is None:
                 self._stopped = True
                 return
+            self._leaving = leaving
             self._stopping = True
             self._cond.notify()
         self._thread.join()
@@ -173,6 +182,12 @@ class Engine:
         self.autotune.close()
         for state in self._sets.values():
             state.close()
+
+    @property
+    def peers_left(self) -> list[int]:
+        """The other ranks whose leaving the job (``stop(leaving=True)``) stopped this engine
+        while this rank did not ask to stop (empty if it stopped for any other reason)."""
+        return list(self._peers_left)
 
     def abandon(self) -> None:
         """Stop without the other ranks taking part: revoke every communicator first, so
@@ -196,8 +211,7 @@ class Engine:
                 self.timeline.cycle(time.monotonic())
                 someone_pending, stop = self._cycle()
                 if stop:
-                    self._finish_all(self._stop_reason or "mpitrain was shut down on some rank "
-                                     "while this request was in flight")
+                    self._finish_all(self._stop_reason or _stopped_by(self._stopping_ranks))
                     return
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter
             self._fatal = exc
@@ -255,14 +269,27 @@ class Engine:
                 continue
             is_global = state.id == GLOBAL_SET_ID
             result = state.negotiator.round(stopping, stuck, self.autotune.outgoing()
-                                            if is_global else None)
+                                            if is_global else None, self._leaving)
             if is_global and result.extra is not None:
                 setting = self.autotune.incoming(result.extra)
                 if setting is not None:
                     self._apply(setting)
             someone_pending |= result.someone_pending
+            if result.gave_up:
+                # Requests failed because some rank never submitted them: the ranks have
+                # drawn different numbers of unnamed names (one called a collective the
+                # others did not, or by name where they did not), and every later unnamed
+                # collective would pair with another rank's earlier one.  Once nothing is
+                # pending anywhere (nobody is ahead with work still to pair), take the
+                # largest count everywhere, so the next unnamed collective pairs up again.
+                # Before the failed handles complete: their waiters must not name anything
+                # until the counts agree.
+                self._align_names(state, only_if_quiet=True)
             self._execute(state, result.responses)
             if result.someone_stopping and is_global:
+                self._stopping_ranks = result.leaving_ranks or result.stopping_ranks
+                if not stopping:  # others stopped this engine; this rank may go on
+                    self._peers_left = result.leaving_ranks
                 return someone_pending, True
         return someone_pending, False
 
@@ -320,8 +347,9 @@ class Engine:
                           nbytes))
         tuner.record(batch)
 
-    def _align_names(self, state: SetState) -> None:
-        """Give every rank the same unnamed-request counters once a join has completed.
+    def _align_names(self, state: SetState, only_if_quiet: bool = False) -> None:
+        """Give every rank the same unnamed-request counters once a join has completed (or
+        requests were given up on: see _cycle).
 
         While some ranks were joined, the others went on submitting (allreduces that ran with
         zeros from the joined ranks, or requests refused because of the join), so their
@@ -332,10 +360,13 @@ class Engine:
         assert state.negotiator is not None
         kinds = list(Kind)
         with self._cond:
-            counts = np.array([state.name_counters.get(k, 0) for k in kinds], dtype=np.int64)
+            counts = np.array([state.name_counters.get(k, 0) for k in kinds]
+                              + [len(state.negotiator.pending)], dtype=np.int64)
         wait_for(state.negotiator.comm.Iallreduce(MPI.IN_PLACE, counts, op=MPI.MAX))
+        if only_if_quiet and counts[-1] > 0:
+            return  # some rank still waits for its peers' calls: their numbers still count
         with self._cond:
-            for kind, count in zip(kinds, counts.tolist()):
+            for kind, count in zip(kinds, counts[:-1].tolist()):
                 state.name_counters[kind] = count
 
     def _control(self, resp: Response) -> None:
@@ -434,6 +465,13 @@ class Engine:
             "zero_copy_buckets": state.executor.zero_copy_buckets,
             "cached": len(state.negotiator.cache),
         }
+
+
+def _stopped_by(ranks: list[int]) -> str:
+    """Why requests fail once some rank shut down (its program ended, or it called shutdown())."""
+    who = ranks_text(ranks) if ranks else "some rank"
+    return (f"mpitrain was shut down on {who} (shutdown() was called there, or its program "
+            "ended) while this request was in flight")
 
 
 def _apply_to(state: SetState, setting: Setting) -> None:

@@ -36,9 +36,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import MpitrainInternalError
+from ..errors import MpitrainInternalError, ranks_text
 from .cache import ResponseCache
-from .request import Kind, Request, RequestMeta, describe_mismatch
+from .request import Kind, Request, RequestMeta, describe_mismatch, refused_because
 from .stalls import StallInspector, gather_pending
 
 # Flags carried in the OR word of the header.
@@ -82,6 +82,11 @@ class RoundResult:
     someone_stopping: bool
     someone_pending: bool
     extra: np.ndarray | None = None  # the header's extra words, AND-reduced
+    stopping_ranks: list[int] = field(default_factory=list)  # world ranks, when someone stops
+    leaving_ranks: list[int] = field(default_factory=list)  # those of them that leave the job
+    # Requests were failed in this round because some rank never submitted them (a deadlock
+    # broken, a stall given up on): the same on every rank of the set.
+    gave_up: bool = False
 
 
 def wait_for(request: Any, on_slow: Callable[[float], None] | None = None,
@@ -166,8 +171,9 @@ class Negotiator:
 
     # ------------------------------------------------------------------------ the round
     def round(self, stopping: bool, stuck: bool = False,
-              extra: np.ndarray | None = None) -> RoundResult:
-        """Run one negotiation round; ``stuck``: this process has waited, idle, too long.
+              extra: np.ndarray | None = None, leaving: bool = False) -> RoundResult:
+        """Run one negotiation round; ``stuck``: this process has waited, idle, too long;
+        ``leaving``: this rank stops to leave the job (its program ends), not to rebuild it.
 
         ``extra``: this rank's ``extra_words`` words for the header's tail, AND-reduced like
         the rest and returned in the result (autotune's channel, :mod:`.autotune_sync`);
@@ -215,13 +221,31 @@ class Negotiator:
         responses.extend(self._table_ready())
         # Decided on the same facts everywhere (the stall inspector's failures are not).
         everyone_stuck = bool(header[2 * nwords + 1]) and not responses
+        gave_up = False  # requests failed because some rank never submitted them
         if flags_any & F_STALL:
-            responses.extend(self._inspect_stalls())
+            stalled, gave_up = self._inspect_stalls()
+            responses.extend(stalled)
         if everyone_stuck:
             responses.extend(self._break_deadlock())
+            gave_up = True
         tail = header[2 * nwords + 2:].copy() if self.extra_words else None
+        stopping_ranks: list[int] = []
+        leaving_ranks: list[int] = []
+        if flags_any & F_STOP:
+            stopping_ranks, leaving_ranks = self._who_stops(2 if leaving and stopping
+                                                            else int(stopping))
         return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING),
-                           tail)
+                           tail, stopping_ranks, leaving_ranks, gave_up)
+
+    def _who_stops(self, code: int) -> tuple[list[int], list[int]]:
+        """The world ranks that asked to stop in this round, and those of them that leave the
+        job (code 2; 1 is a stop to rebuild), so that the others' errors can name them and the
+        others can rebuild without the leavers.  Every rank saw the same flag in the same
+        round, so all take part; it happens once, at the end."""
+        everyone = np.zeros(self.size, dtype=np.uint8)
+        wait_for(self.comm.Iallgather(np.array([code], dtype=np.uint8), everyone))
+        return ([self.world_ranks[r] for r in np.flatnonzero(everyone).tolist()],
+                [self.world_ranks[r] for r in np.flatnonzero(everyone == 2).tolist()])
 
     def _evict(self, stale_anywhere: np.ndarray, nbits: int) -> None:
         for bit in _set_bits(stale_anywhere, nbits):
@@ -279,9 +303,9 @@ class Negotiator:
                 last = -1
             del self.table[name]
             request = self.pending.pop(name, None)
-            error = None
+            error = self._refusals(name, by_rank)
             for rank, meta in sorted(by_rank.items()):
-                if meta != first_meta:
+                if error is None and meta != first_meta:
                     error = describe_mismatch(name, first_meta, first_rank, meta, rank)
                     break
             if error is None and first_meta.kind != Kind.JOIN:
@@ -290,6 +314,18 @@ class Negotiator:
                                 mismatch=error is not None, joined=joined - set(by_rank) if first_meta.kind != Kind.JOIN
                                 else frozenset(), from_table=True, last_joined=last))
         return out
+
+    def _refusals(self, name: str, by_rank: dict[int, RequestMeta]) -> str | None:
+        """The error for ``name`` when some rank refused its call (see ``request.refusal``)."""
+        refused = [(self.world_ranks[r], why) for r, meta in sorted(by_rank.items())
+                   if (why := refused_because(meta)) is not None]
+        if not refused:
+            return None
+        kind = Kind(by_rank[min(by_rank)].kind).label
+        reasons = "; ".join(f"rank {r}: {why}" for r, why in refused)
+        return (f"{kind} '{name}' was refused at the call on "
+                f"{ranks_text([r for r, _ in refused])} ({reasons}), so it cannot run on any "
+                "rank; every rank must pass valid arguments")
 
     def _joined_error(self, name: str, meta: RequestMeta, joined: frozenset[int]) -> str | None:
         if not joined or meta.kind in (Kind.ALLREDUCE, Kind.BARRIER, Kind.JOIN):
@@ -319,16 +355,22 @@ class Negotiator:
                 self.unannounced.append(request)
 
     # ---------------------------------------------------------------------------- stalls
-    def _inspect_stalls(self) -> list[Response]:
-        """Tell which ranks are missing which tensors; fail them after the shutdown time."""
+    def _inspect_stalls(self) -> tuple[list[Response], bool]:
+        """Tell which ranks are missing which tensors; fail them after the shutdown time.
+
+        Returns:
+            The failed responses of this rank, and whether any rank failed any (the same on
+            every rank: decided from what all of them sent).
+        """
         self.stalls.last_check = time.monotonic()
         waiting = gather_pending(self.comm, self.pending, self.size, self.joined)
         failed = []
-        for name, missing_world, age in self.stalls.warn(waiting, self.world_ranks):
+        overdue = self.stalls.warn(waiting, self.world_ranks)
+        for name, missing_world, age in overdue:
             response = self._fail_stalled(name, missing_world, age)
             if response is not None:
                 failed.append(response)
-        return failed
+        return failed, bool(overdue)
 
     def _break_deadlock(self) -> list[Response]:
         """Every rank is stuck (see the module docstring): fail all pending requests here.

@@ -125,6 +125,26 @@ class Request:
         return sum(e.input.nbytes for e in self.entries if e.input is not None)
 
 
+# A request that stands in for a call refused at the call on this rank (bad arguments): it
+# carries no tensor, only the refusal, so that the ranks that did submit the collective fail
+# at once with this rank's reason instead of waiting for it (see collectives.requests).
+_REFUSED = "refused"
+
+
+def refusal(name: str, kind: Kind, set_id: int, message: str) -> Request:
+    """The stand-in for a call of ``kind`` named ``name`` that this rank refused."""
+    return Request(name=name, kind=kind, entries=[], process_set_id=set_id,
+                   payload=(_REFUSED, message))
+
+
+def refused_because(meta: RequestMeta) -> str | None:
+    """The reason a rank gave when its call was refused, or None for a real request."""
+    payload = meta.payload
+    if isinstance(payload, (tuple, list)) and len(payload) == 2 and payload[0] == _REFUSED:
+        return str(payload[1])
+    return None
+
+
 # Labels of RequestMeta's and EntryMeta's fields, in their order, for mismatch messages.
 META_FIELDS = ("operation", "reduce op", "prescale factor", "postscale factor", "root rank",
                "device", "tensors", "arguments")

@@ -15,6 +15,8 @@ import threading
 import time
 from typing import IO, Any
 
+from .. import private
+
 
 class Timeline:
     def __init__(self, enabled_here: bool) -> None:
@@ -37,10 +39,10 @@ class Timeline:
         if not path:
             raise ValueError("start_timeline needs a file path, got an empty string")
         self.stop()
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        private.make_dirs(os.path.dirname(os.path.abspath(path)))
         with self._lock:
-            self._file = open(path, "w", encoding="utf-8")  # noqa: SIM115 - closed in stop()
+            # Every tensor's name and timing: the user's alone (0600).  Closed in stop().
+            self._file = private.open_file(path, "w", encoding="utf-8")
             self._file.write("[\n")
             self._first = True
             self._rows = {}

@@ -130,6 +130,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="warn when ranks have waited S seconds for the others")
     tuning.add_argument("--stall-check-shutdown-time-seconds", type=_nonneg_float,
                         metavar="S", help="end the job after S seconds of stall (0: never)")
+    tuning.add_argument("--start-timeout", type=_nonneg_float, metavar="S",
+                        help="every rank must reach init() within S seconds of its start, "
+                             "else the job ends naming the ranks that did not (default: no "
+                             "limit; MPITRAIN_START_TIMEOUT)")
     tuning.add_argument("--autotune", action="store_true",
                         help="tune fusion threshold, cycle time, allreduce algorithm and "
                              "channels during the first steps, then keep the best")
@@ -236,6 +240,8 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, str]:
     if args.stall_check_shutdown_time_seconds is not None:
         out[_NAMES["stall_shutdown_time_seconds"]] = \
             f"{args.stall_check_shutdown_time_seconds:g}"
+    if args.start_timeout is not None:
+        out[_NAMES["start_timeout"]] = f"{args.start_timeout:g}"
     if args.log_level is not None:
         out[_NAMES["log_level"]] = args.log_level
     out.update(_autotune_settings(args))

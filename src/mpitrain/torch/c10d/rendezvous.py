@@ -5,9 +5,12 @@ which wants RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT in the environment: to
 them, mpirun does not.  :func:`install` wraps torch's handler so that, *only when some of those
 variables are missing and the process was started by an MPI launcher* (or mpitrain is already
 initialised), the missing pieces come from MPI instead: rank and size are mpitrain's (which
-initialises mpitrain, collectively), and the store is a TCPStore served by rank 0 on a free
-port, advertised to the others over MPI (MASTER_ADDR/MASTER_PORT still win when set).  A real
-TCP store, not a local HashStore, so that Gloo groups created beside mpitrain's work too.
+initialises mpitrain, collectively), and the store is the job's own (:mod:`.store`): served by
+rank 0 on the loopback address and, for ranks on other hosts, on the address facing them
+(never a wildcard), on a free port, and usable only by processes that prove they hold the
+random key rank 0 sends the ranks over MPI.  A real network store, not a local HashStore, so
+that Gloo groups created beside mpitrain's work too.  MASTER_ADDR/MASTER_PORT, when the user
+sets both, still win: then torch's own TCPStore is used there, as they asked.
 
 In every other case torch's own handler runs unchanged, with its own errors.
 """
@@ -25,9 +28,11 @@ from urllib.parse import parse_qs, urlparse
 import torch.distributed as dist
 
 from ... import collectives, runtime, session, topology
+from .store import JobStore, StoreServer, close_clients, new_key
 
-# MASTER_ADDR/MASTER_PORT as this module set them (name -> value), for forget_store().
+# MASTER_ADDR as this module set it (name -> value), for forget_store().
 _advertised: dict[str, str] = {}
+_served: list[StoreServer] = []  # rank 0's server, until forget_store()
 
 _LAUNCHER_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK",
                             "PALS_RANKID")
@@ -60,41 +65,66 @@ def _check_agrees(what: str, given: str | None, mpi_value: int) -> None:
 
 
 def _store(rank: int, size: int, timeout: datetime.timedelta) -> dist.Store:
-    """A TCPStore: at MASTER_ADDR:MASTER_PORT if given, else served by rank 0 on a free port.
-
-    Collective over the job (rank 0 broadcasts where it listens).
+    """The job's store (see the module); torch's TCPStore at MASTER_ADDR:MASTER_PORT if the
+    user gave both.  Collective over the job (rank 0 broadcasts where it listens, and the key).
     """
     addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
     if addr and port:
         return dist.TCPStore(addr, int(port), size, rank == 0, timeout=timeout)
-    server = None
-    where: tuple[str, int] | None = None
+    hosts = collectives.allgather_object(socket.gethostname(), name="c10d.rendezvous.hosts")
+    offer = None
     if rank == 0:
-        server = dist.TCPStore("0.0.0.0", 0, size, True, timeout=timeout,
-                               wait_for_workers=False)
-        where = (socket.gethostname(), int(server.port))
-    host, free_port = collectives.broadcast_object(where, root_rank=0,
-                                                   name="c10d.rendezvous.store")
-    # Where the store is, for libraries that read it (Accelerate insists on MASTER_ADDR when
-    # a job spans several hosts) and for groups torch builds later from env://.
-    for name, value in (("MASTER_ADDR", host), ("MASTER_PORT", str(free_port))):
-        if name not in os.environ:
-            os.environ[name] = _advertised[name] = value
-    if server is not None:
-        return server
-    # Rank 0 on this very machine: the loopback address needs no name resolution.
-    connect = "127.0.0.1" if host == socket.gethostname() else host
-    return dist.TCPStore(connect, free_port, size, False, timeout=timeout)
+        facing = _addresses_facing(hosts)
+        server = StoreServer(new_key(), ["127.0.0.1", *sorted(set(facing.values()))])
+        _served.append(server)
+        offer = (server.port, server.key, facing)
+    free_port, key, facing = collectives.broadcast_object(offer, root_rank=0,
+                                                          name="c10d.rendezvous.store")
+    here = socket.gethostname()
+    connect = "127.0.0.1" if here == hosts[0] else facing[here]
+    # Where rank 0 is, for libraries that read it (Accelerate insists on MASTER_ADDR when a
+    # job spans several hosts).  Not MASTER_PORT: torch's TCPStore client, which a later
+    # env:// rendezvous would start there, cannot prove the key and would be refused.
+    if "MASTER_ADDR" not in os.environ:
+        os.environ["MASTER_ADDR"] = _advertised["MASTER_ADDR"] = connect
+    return JobStore(connect, free_port, key, timeout)
+
+
+def _addresses_facing(hosts: list[str]) -> dict[str, str]:
+    """For every host of the job other than this one (rank 0's), the address of this host that
+    the kernel routes traffic to it from: where that host's ranks reach the store.
+
+    Raises:
+        ValueError: a host's name does not resolve here.
+    """
+    facing: dict[str, str] = {}
+    for host in dict.fromkeys(hosts[1:]):
+        if host == hosts[0]:
+            continue
+        try:
+            remote = socket.gethostbyname(host)
+        except OSError as exc:
+            raise ValueError(f"init_process_group: host {host!r} of this job does not resolve "
+                             f"on rank 0's host ({exc}); the job's store must know where that "
+                             "host's ranks reach it. Fix the name (/etc/hosts, DNS) or set "
+                             "MASTER_ADDR and MASTER_PORT") from None
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((remote, 9))  # UDP: picks the route, sends nothing
+            facing[host] = probe.getsockname()[0]
+    return facing
 
 
 def forget_store() -> None:
-    """Unset the MASTER_ADDR/MASTER_PORT :func:`_store` advertised (unless changed since), so
-    that the next rendezvous serves a new store: after an elastic rebuild, the old rank 0
-    that served this one may be gone."""
+    """Close the store rank 0 served and unset the MASTER_ADDR :func:`_store` advertised
+    (unless changed since), so that the next rendezvous serves a new store: after an elastic
+    rebuild, the old rank 0 that served this one may be gone."""
     for name, value in list(_advertised.items()):
         if os.environ.get(name) == value:
             del os.environ[name]
         del _advertised[name]
+    close_clients()
+    while _served:
+        _served.pop().close()
 
 
 def mpi_rendezvous(url: str, timeout: datetime.timedelta) -> Iterator[tuple[Any, int, int]]:
