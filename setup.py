@@ -25,6 +25,9 @@ TEST = [
     *EXAMPLES,
 ]
 
+# The documentation site (mkdocs build --strict in CI) and the plots it shows.
+DOCS = ["mkdocs>=1.6", "mkdocs-material>=9.5", "mkdocstrings[python]>=0.26", "matplotlib>=3.8"]
+
 GPU_COMPILE = [
     "numba-cuda==0.30.*",
     "cuda-bindings==12.9.*",
@@ -73,6 +76,7 @@ setup(
         # because registers and generated code are checked: a new compiler is a deliberate bump.
         "gpu-compile": GPU_COMPILE,
         "test": TEST,
+        "docs": DOCS,
     },
     entry_points={
         "console_scripts": [

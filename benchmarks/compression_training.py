@@ -125,6 +125,7 @@ def _train(hvd: Any, model_name: str, compressor_name: str, args: argparse.Names
     reached: tuple[int, float] | None = None
     accuracy = 0.0
     elapsed = 0.0
+    curve: list[list[float]] = []  # [training seconds, test accuracy] after each epoch
     for epoch in range(1, args.epochs + 1):
         order = torch.randperm(len(x_train),
                                generator=torch.Generator().manual_seed(1000 * seed + epoch))
@@ -147,6 +148,7 @@ def _train(hvd: Any, model_name: str, compressor_name: str, args: argparse.Names
         elapsed = float(hvd.allreduce(torch.tensor([elapsed]), op=hvd.Max,
                                       name=f"clock.{model_name}.{compressor_name}.{seed}.{epoch}"))
         accuracy = correct
+        curve.append([elapsed, accuracy])
         if reached is None and accuracy >= args.target[model_name]:
             reached = (epoch, elapsed)
     steps = len(step_times)
@@ -161,7 +163,8 @@ def _train(hvd: Any, model_name: str, compressor_name: str, args: argparse.Names
             "payload_bytes": payload, "step_ms": 1e3 * statistics.median(step_times),
             "epoch_to_target": reached[0] if reached else None,
             "seconds_to_target": reached[1] if reached else None,
-            "train_seconds": elapsed, "final_accuracy": accuracy, "steps": steps}
+            "train_seconds": elapsed, "final_accuracy": accuracy, "steps": steps,
+            "target": args.target[model_name], "curve": curve}
 
 
 def worker(args: argparse.Namespace) -> int:

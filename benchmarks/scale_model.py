@@ -25,7 +25,7 @@ namespace cluster's shaped links; ``--check`` compares the model with the measur
 the ``benchmarks/netns_allreduce.py --json`` files it names (default: every
 ``benchmarks/results/netns-*.json``).
 
-    .venv/bin/python benchmarks/scale_model.py --check benchmarks/results/netns-*-27j.json
+    .venv/bin/python benchmarks/scale_model.py --check benchmarks/results/netns-*.json
     .venv/bin/python benchmarks/scale_model.py              # 8 .. 1,024 ranks, 10 .. 400 Gbit/s
     .venv/bin/python benchmarks/scale_model.py --gradient-mb 1340 --mem-gbps 200 \\
         --reduce-gbps 100 --local-us 10                     # BERT-large on GPUs (NVLink-class)

@@ -17,13 +17,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-import numpy as np
-import torch
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+try:
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
 
-from mpitrain import kvstore
+    from mpitrain import kvstore
+except ImportError as _missing:  # name the extra that brings it
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[torch,examples]' "
+             "(in a checkout: pip install -e '.[torch,examples]')")
 
 
 def parse_args() -> argparse.Namespace:

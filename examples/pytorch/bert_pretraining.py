@@ -55,14 +55,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-import torch.nn.functional as F
-from torch import nn
-from tqdm import tqdm
+try:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from tqdm import tqdm
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bert_data  # noqa: E402 - the example's own modules, beside it
-from bert_backends import HorovodJob, MpitrainJob, TorchDDPJob  # noqa: E402
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bert_data  # the example's own modules, beside it
+    from bert_backends import HorovodJob, MpitrainJob, TorchDDPJob
+except ImportError as _missing:  # name the extra that brings it
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[hf,examples]' "
+             "(in a checkout: pip install -e '.[hf,examples]')")
 
 # hidden size, layers, attention heads, feed-forward size (Devlin et al.; Turc et al. for tiny)
 PRESETS = {"tiny": (128, 2, 2, 512), "base": (768, 12, 12, 3072), "large": (1024, 24, 16, 4096)}

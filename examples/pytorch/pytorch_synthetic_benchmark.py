@@ -28,17 +28,22 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+import sys
 import time
 import timeit
 from collections.abc import Callable
 
-import mpitrain as hvd  # isort: skip - before mpi4py, which starts MPI (see mpitrain._mpi)
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from mpi4py import MPI
-from torch import nn
+try:
+    import mpitrain as hvd  # isort: skip - before mpi4py, which starts MPI (see mpitrain._mpi)
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from mpi4py import MPI
+    from torch import nn
+except ImportError as _missing:  # name the extra that brings it
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[torch]' "
+             "(in a checkout: pip install -e '.[torch]')")
 
 FRAMEWORKS = ("mpitrain", "mpitrain-copy", "ddp-gloo", "ddp-nccl", "horovod")
 

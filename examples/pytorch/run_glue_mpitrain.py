@@ -49,27 +49,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import numpy as np
-import torch
-import transformers
-from transformers import (
-    BertForSequenceClassification,
-    DataCollatorWithPadding,
-    EvalPrediction,
-    HfArgumentParser,
-    PreTrainedTokenizerFast,
-    Trainer,
-    TrainingArguments,
-    default_data_collator,
-    set_seed,
-)
+try:
+    import numpy as np
+    import torch
+    import transformers
+    from transformers import (
+        BertForSequenceClassification,
+        DataCollatorWithPadding,
+        EvalPrediction,
+        HfArgumentParser,
+        PreTrainedTokenizerFast,
+        Trainer,
+        TrainingArguments,
+        default_data_collator,
+        set_seed,
+    )
 
-import mpitrain.torch.distributed as mdist
-from mpitrain import files
+    import mpitrain.torch.distributed as mdist
+    from mpitrain import files
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import bert_data  # noqa: E402 - the example's own modules, beside it
-from bert_pretraining import bert_config, parameter_digest  # noqa: E402
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import bert_data  # the example's own modules, beside it
+    from bert_pretraining import bert_config, parameter_digest
+except ImportError as _missing:  # name the extra that brings it
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[hf]' "
+             "(in a checkout: pip install -e '.[hf]')")
 
 logger = logging.getLogger(__name__)
 LABELS = ["not_next", "next"]  # label 1: sentence2 follows sentence1

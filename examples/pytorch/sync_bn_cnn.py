@@ -21,16 +21,21 @@ It reaches about 98% test accuracy in the default 8 epochs at 1, 2 and 4 ranks.
 from __future__ import annotations
 
 import argparse
+import sys
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-from torch import nn
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from torch import nn
 
-import mpitrain as hvd
-from mpitrain.torch.nn.parallel import DistributedDataParallel
+    import mpitrain as hvd
+    from mpitrain.torch.nn.parallel import DistributedDataParallel
+except ImportError as _missing:  # name the extra that brings it
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[torch,examples]' "
+             "(in a checkout: pip install -e '.[torch,examples]')")
 
 
 def parse_args() -> argparse.Namespace:

@@ -20,19 +20,24 @@ Both backends print the same losses (to float rounding) for the same seed and ra
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
-import numpy as np
-import torch
-import torch.distributed as dist
-import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel as DDP
-from torch.utils.data import DataLoader, TensorDataset
-from torch.utils.data.distributed import DistributedSampler
+try:
+    import numpy as np
+    import torch
+    import torch.distributed as dist
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, TensorDataset
+    from torch.utils.data.distributed import DistributedSampler
 
-import mpitrain.torch  # noqa: F401  (registers backend="mpitrain")
+    import mpitrain.torch  # noqa: F401  (registers backend="mpitrain")
+except ImportError as _missing:  # name the extra that brings it
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[torch,examples]' "
+             "(in a checkout: pip install -e '.[torch,examples]')")
 
 
 def parse_args() -> argparse.Namespace:

@@ -28,16 +28,21 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-import numpy as np
-import torch
-import torch.nn.functional as F
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
-from torch import nn
-from tqdm import tqdm
+try:
+    import numpy as np
+    import torch
+    import torch.nn.functional as F
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    from torch import nn
+    from tqdm import tqdm
 
-import mpitrain as hvd
+    import mpitrain as hvd
+except ImportError as _missing:  # name the extra that brings it
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[torch,examples]' "
+             "(in a checkout: pip install -e '.[torch,examples]')")
 
 
 def parse_args() -> argparse.Namespace:

@@ -18,13 +18,18 @@ one fused op; the learning rate is scaled by the number of ranks.  Needs
 from __future__ import annotations
 
 import argparse
+import sys
 
-import numpy as np
-import tensorflow as tf
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+try:
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
 
-import mpitrain.tensorflow as hvd
+    import mpitrain.tensorflow as hvd
+except ImportError as _missing:  # name the extra that brings it
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[tensorflow,examples]' "
+             "(in a checkout: pip install -e '.[tensorflow,examples]')")
 
 
 def parse_args() -> argparse.Namespace:

@@ -18,13 +18,18 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-import keras
-import numpy as np
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+try:
+    import keras
+    import numpy as np
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
 
-import mpitrain.tensorflow.keras as hvd
+    import mpitrain.tensorflow.keras as hvd
+except ImportError as _missing:  # name the extra that brings it
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[tensorflow,examples]' "
+             "(in a checkout: pip install -e '.[tensorflow,examples]')")
 
 
 def parse_args() -> argparse.Namespace:

@@ -17,14 +17,19 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 
-import keras
-import numpy as np
-import tensorflow as tf
-from sklearn.datasets import load_digits
-from sklearn.model_selection import train_test_split
+try:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
 
-import mpitrain.tensorflow as hvd
+    import mpitrain.tensorflow as hvd
+except ImportError as _missing:  # name the extra that brings it
+    sys.exit(f"{_missing}\nthis example needs: pip install 'mpitrain[tensorflow,examples]' "
+             "(in a checkout: pip install -e '.[tensorflow,examples]')")
 
 
 def parse_args() -> argparse.Namespace:

@@ -22,6 +22,13 @@ MiB = 1024 * 1024
 
 ALLREDUCE_ALGORITHMS = ("auto", "shm", "ring", "hierarchical", "mpi")
 
+# The designs of MPITRAIN_DETERMINISTIC (docs/guide/deterministic.md): "rank-order" folds every
+# element over the ranks in rank order, once; "fixed-point" sums every element as integers on a
+# shared per-element exponent, which makes the sum independent of the order and the world size
+# too.  ``1`` picks DETERMINISTIC_DEFAULT (chosen by the measurements in that guide).
+DETERMINISTIC_MODES = ("rank-order", "fixed-point")
+DETERMINISTIC_DEFAULT = "rank-order"
+
 
 def _parse_bool(text: str) -> bool:
     low = text.strip().lower()
@@ -57,6 +64,18 @@ def _parse_algorithm(text: str) -> str:
     value = text.strip().lower()
     if value not in ALLREDUCE_ALGORITHMS:
         raise ValueError(f"must be one of {', '.join(ALLREDUCE_ALGORITHMS)}")
+    return value
+
+
+def _parse_deterministic(text: str) -> str:
+    """``""`` (off), or one of :data:`DETERMINISTIC_MODES`."""
+    value = text.strip().lower()
+    if value in ("0", "false", "no", "off", ""):
+        return ""
+    if value in ("1", "true", "yes", "on"):
+        return DETERMINISTIC_DEFAULT
+    if value not in DETERMINISTIC_MODES:
+        raise ValueError(f"must be 0, 1, {' or '.join(DETERMINISTIC_MODES)}")
     return value
 
 
@@ -115,6 +134,7 @@ class Config:
     hierarchical_half_duplex: bool = True
     adasum_hierarchical: bool = False
     allreduce_streams: int = 1
+    deterministic: str = ""  # "" (off) or one of DETERMINISTIC_MODES
     local_size: int = 0
     bind_device: bool = True
     cuda_aware_mpi: str = "auto"
@@ -191,6 +211,12 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("allreduce_streams", "MPITRAIN_ALLREDUCE_STREAMS", _parse_pos_int,
              "Parallel channels a large bucket is split across, each with its own communicator.",
              ("PERSEUS_ALLREDUCE_STREAMS", "HOROVOD_NUM_STREAMS")),
+    Variable("deterministic", "MPITRAIN_DETERMINISTIC", _parse_deterministic,
+             "0|1|rank-order|fixed-point: floating-point Sum/Average results depend only on "
+             "each rank's inputs, whatever the fusion, algorithm, channels, node layout and "
+             "timing; rank-order: the inputs folded in rank order; fixed-point: also whatever "
+             "the rank order and world size; 1: " + DETERMINISTIC_DEFAULT + " "
+             "(docs/guide/deterministic.md)."),
     Variable("local_size", "MPITRAIN_LOCAL_SIZE", _parse_nonneg_int,
              "Pretend each node holds this many consecutive ranks (testing hierarchical code on "
              "one machine); 0 uses the real layout."),
@@ -291,14 +317,15 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
 
 # Settings every rank must share: each decides which collectives run, in which pieces and over
 # which communicators (fusion, the response cache, the algorithm, its chunks and channels, the
-# node layout, the elastic limits).  Ranks that differ would wait for each other in different
+# deterministic mode's own collectives, the node layout, the elastic limits).  Ranks that differ would wait for each other in different
 # collectives.  Autotune is not among them: every rank follows rank 0's, as in Horovod.  A remote host's ranks see only what the launcher forwards (Open MPI's
 # mpirun passes a variable to other hosts only with -x), so a setting exported in one shell
 # can reach some ranks and not others.
 MUST_AGREE: tuple[str, ...] = (
     "fusion_threshold", "cache_capacity", "allreduce_algorithm", "allreduce_calibrate",
     "hierarchical_pipeline", "hierarchical_half_duplex", "adasum_hierarchical",
-    "allreduce_streams", "local_size", "elastic_min_np", "elastic_reset_limit")
+    "allreduce_streams", "deterministic", "local_size", "elastic_min_np",
+    "elastic_reset_limit")
 
 
 def disagreements(per_rank: Sequence[Sequence[Any]]) -> list[str]:

@@ -11,6 +11,8 @@ import enum
 
 import numpy as np
 
+from .errors import AdasumTypeError
+
 
 class ReduceOp(enum.IntEnum):
     """Reductions, numbered as Horovod numbers them."""
@@ -50,13 +52,14 @@ def check_reduce_supported(dtype: str, op: ReduceOp) -> None:
 
     Raises:
         TypeError: ``dtype`` is not a supported element type, or the op is meaningless on it
-            (Adasum, a combination through dot products, needs floating point).
+            (Adasum, a combination through dot products, needs floating point: an
+            :class:`~mpitrain.errors.AdasumTypeError`, also a RuntimeError as in Horovod).
     """
     if dtype not in STORAGE:
         raise TypeError(f"unsupported element type {dtype!r}; supported: {sorted(STORAGE)}")
     if op == ReduceOp.ADASUM and dtype not in FLOATING:
-        raise TypeError(f"op=Adasum needs floating-point tensors ({', '.join(sorted(FLOATING))}),"
-                        f" got {dtype}")
+        raise AdasumTypeError(f"op=Adasum needs floating-point tensors "
+                              f"({', '.join(sorted(FLOATING))}), got {dtype}")
     if dtype == "bool" and op == ReduceOp.AVERAGE:
         raise TypeError("op=Average is not defined on bool tensors; use Sum (logical or), "
                         "Max, Min or Product")

@@ -14,10 +14,17 @@ class MpitrainInternalError(RuntimeError):
 
 HorovodInternalError = MpitrainInternalError
 
+
+class CollectiveMismatchError(MpitrainInternalError):
+    """Ranks submitted one collective with different arguments (operation, dtype, shape, reduce
+    op, root rank, ...), or one that cannot run while some ranks have joined: raised on every
+    rank of the set.  Horovod calls this a precondition error; mpitrain's TensorFlow face raises
+    it as a ``tf.errors.FailedPreconditionError`` (see ``mpitrain.tensorflow.errors``)."""
+
 # What a failed collective's message says once a framework has wrapped it in its own error
 # (a TensorFlow OpError, the RuntimeError torch's DDP raises from a failed future).
-_FAILURE_MARKS = ("MpitrainInternalError", "mpitrain engine failed", "MPI_ERR_PROC_FAILED",
-                  "MPI_ERR_REVOKED")
+_FAILURE_MARKS = ("MpitrainInternalError", "CollectiveMismatchError", "mpitrain engine failed",
+                  "MPI_ERR_PROC_FAILED", "MPI_ERR_REVOKED")
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -38,6 +45,14 @@ def ranks_text(ranks: list[int]) -> str:
 def carries_collective_failure(message: str) -> bool:
     """Whether ``message`` is a framework's wrapping of a failed mpitrain collective."""
     return any(mark in message for mark in _FAILURE_MARKS)
+
+
+class AdasumTypeError(TypeError, RuntimeError):
+    """``op=Adasum`` on a tensor that is not floating point.
+
+    A caller's mistake, so a ``TypeError``; also a ``RuntimeError`` because that is what
+    Horovod's callers catch (its reducescatter refuses Adasum with one, whatever the dtype).
+    """
 
 
 class HostsUpdatedInterrupt(RuntimeError):

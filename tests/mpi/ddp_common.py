@@ -40,8 +40,10 @@ def batch(rank: int, step: int, n: int = 6) -> tuple[torch.Tensor, torch.Tensor]
 
 def train_lockstep(a: nn.Module, b: nn.Module, rank: int, steps: int = 4,
                    skip_odd: bool = False, accumulate: int = 1,
-                   no_sync: bool = False) -> list[float]:
-    """Train wrappers ``a`` and ``b`` on identical data; assert parameters agree every step.
+                   no_sync: bool = False, rtol: float = 1e-5,
+                   atol: float = 1e-6) -> list[float]:
+    """Train wrappers ``a`` and ``b`` on identical data; assert parameters agree every step
+    (within ``rtol``/``atol``).
 
     Returns a's losses.  With ``accumulate`` > 1, gradients of that many micro-batches add up
     before each step (inside ``no_sync()`` for all but the last when ``no_sync`` is set).
@@ -64,10 +66,10 @@ def train_lockstep(a: nn.Module, b: nn.Module, rank: int, steps: int = 4,
             if model is a:
                 losses.append(float(loss.detach()))
         for (name, pa), pb in zip(a.module.named_parameters(), b.module.parameters()):
-            torch.testing.assert_close(pa, pb, rtol=1e-5, atol=1e-6,
+            torch.testing.assert_close(pa, pb, rtol=rtol, atol=atol,
                                        msg=lambda m, n=name, s=step: f"{n} step {s}: {m}")
         for (name, ba), bb in zip(a.module.named_buffers(), b.module.buffers()):
-            torch.testing.assert_close(ba, bb, rtol=1e-5, atol=1e-6,
+            torch.testing.assert_close(ba, bb, rtol=rtol, atol=atol,
                                        msg=lambda m, n=name, s=step: f"{n} step {s}: {m}")
     return losses
 

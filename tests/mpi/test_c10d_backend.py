@@ -165,7 +165,7 @@ def test_mismatch_fails_every_rank(pg):
         work.wait()
     # The future's error is a C++ one (what torch's DDP reducer needs, or it would read tensors
     # out of an exception object), so Python sees torch's RuntimeError naming ours.
-    with pytest.raises(RuntimeError, match="MpitrainInternalError: mismatched"):
+    with pytest.raises(RuntimeError, match="CollectiveMismatchError: mismatched"):
         work.get_future().wait()
 
 

@@ -222,3 +222,70 @@ def test_adasum_of_device_arrays_is_staged_through_the_host(hvd, dtype):
         tol = 2**-9 if dtype == np.float16 else 1e-5
         np.testing.assert_allclose(np.asarray(out, np.float64), want.astype(np.float64),
                                    rtol=0, atol=tol * np.abs(want).max())
+
+
+def _mixed(rank, n, dtype, seed):
+    """Magnitudes over six decades, so that the order of additions shows in the bits."""
+    gen = np.random.default_rng([rank, n, seed])
+    data = (gen.normal(size=n) * 10.0 ** gen.integers(-3, 3, n)).astype(np.float32)
+    return reference.f32_to_bf16(data) if dtype == "bfloat16" else data.astype(dtype)
+
+
+# Every transport and two channels in float32; each other type once, on the topology's own
+# transport (the simulator runs one Python thread per CUDA thread: keep the matrix small).
+# rank-order stages every float bucket through the host whatever is forced.
+DETERMINISTIC_CASES = [("float32", None, 1), ("float32", None, 2),
+                       ("float32", Transport.HOST_STAGING, 2),
+                       ("float32", Transport.CUDA_AWARE_MPI, 1),
+                       ("float16", None, 1), ("bfloat16", None, 1), ("float64", None, 1)]
+
+
+@pytest.mark.parametrize("mode", ["rank-order", "fixed-point"])
+@pytest.mark.parametrize(("dtype", "force", "streams_"), DETERMINISTIC_CASES)
+def test_deterministic_device_sums_give_the_cpu_bits(hvd, mode, dtype, force, streams_):
+    """MPITRAIN_DETERMINISTIC on CUDA buffers: whatever the transport (IPC within the node and
+    around the cross-node step, CUDA-aware MPI, host staging), one or two channels and however
+    the bucket is packed, every rank gets the bits of the design's numpy statement, which the
+    CPU data plane gives too (tests/mpi/test_deterministic.py)."""
+    from mpitrain.ops import fixed_point
+
+    sizes = [1, 60, 85]  # 146 elements, more than two chunks of 256 B: both channels carry data
+    pre, post = (0.5, 1.0 / SIZE) if dtype != "float64" else (1.0, 3.0)
+    inputs = [[_mixed(r, n, dtype, seed=i) for i, n in enumerate(sizes)] for r in range(SIZE)]
+    want = [fixed_point.reference([inputs[r][i] for r in range(SIZE)], dtype, pre, post)
+            if mode == "fixed-point" else
+            reference.reduce([inputs[r][i] for r in range(SIZE)], dtype, ReduceOp.SUM, pre, post)
+            for i in range(len(sizes))]
+    dg = DeviceGroup(_device_group(hvd, allreduce_streams=streams_, deterministic=mode),
+                     cuda_aware=force == Transport.CUDA_AWARE_MPI, force=force)
+    try:
+        xs = [cupy.asarray(x) for x in inputs[RANK]]
+        outs = [cupy.asarray(np.zeros_like(x)) for x in inputs[RANK]]
+        stream = cupy.cuda.get_current_stream()
+        dg.allreduce(xs, outs, dtype, ReduceOp.SUM, pre, post, [], [stream])  # packed
+        dg.allreduce(xs[2:], xs[2:], dtype, ReduceOp.SUM, pre, post, [], [stream])  # in place
+        stream.synchronize()
+    finally:
+        dg.close()
+    for out, w in zip(outs, want):
+        assert np.asarray(out).tobytes() == w.tobytes()
+    assert np.asarray(xs[2]).tobytes() == want[2].tobytes()
+
+
+@pytest.mark.parametrize("mode", ["rank-order", "fixed-point"])
+def test_deterministic_device_min_max_product_fold_in_rank_order(hvd, mode):
+    dg = DeviceGroup(_device_group(hvd, deterministic=mode), cuda_aware=False)
+    try:
+        for op in (ReduceOp.MAX, ReduceOp.PRODUCT):
+            inputs = [[_mixed(r, n, "float32", seed=i) for i, n in enumerate([5, 90])]
+                      for r in range(SIZE)]
+            xs = [cupy.asarray(x) for x in inputs[RANK]]
+            stream = cupy.cuda.get_current_stream()
+            dg.allreduce(xs, xs, "float32", op, 0.5, 3.0, [], [stream])
+            stream.synchronize()
+            for i, x in enumerate(xs):
+                want = reference.reduce([inputs[r][i] for r in range(SIZE)], "float32", op,
+                                        0.5, 3.0)
+                assert np.asarray(x).tobytes() == want.tobytes(), (op, i)
+    finally:
+        dg.close()

@@ -184,3 +184,50 @@ def test_broadcast_and_allgather_object_carry_functions_like_horovod(hvd):
     assert fn(1) == 1  # rank 0's closure, offset 0, on every rank
     fns = hvd.allgather_object(lambda: offset)
     assert [f() for f in fns] == [r * 10 for r in range(SIZE)]
+
+
+# ----------------------------------------------------------- issue 37: what Horovod raises
+@pytest.mark.parametrize("kind", ["shape", "dtype", "root"])
+def test_a_mismatch_between_ranks_is_a_runtime_error_as_in_horovod(hvd, kind):
+    from mpitrain.errors import CollectiveMismatchError
+
+    with pytest.raises(RuntimeError, match="mismatched") as caught:
+        if kind == "shape":
+            hvd.allreduce(torch.ones(17 + RANK), name="mismatch.shape")
+        elif kind == "dtype":
+            hvd.allgather(torch.ones(3, dtype=torch.int32 if RANK % 2 else torch.float32),
+                          name="mismatch.dtype")
+        else:
+            hvd.broadcast(torch.ones(3), root_rank=RANK, name="mismatch.root")
+    assert isinstance(caught.value, CollectiveMismatchError)
+    assert isinstance(caught.value, hvd.HorovodInternalError)
+    # Nobody was left waiting: the next collective runs.
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after.mismatch").item() == SIZE
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_reducescatter_with_adasum_on_integers_is_a_runtime_error(hvd, dtype):
+    # Horovod's test_horovod_reducescatter_adasum catches RuntimeError (Horovod refuses Adasum
+    # in reducescatter whatever the dtype; mpitrain reduces floats).  On a power-of-two set
+    # the error is about the dtype and also a TypeError (a caller's mistake); otherwise about
+    # the set's size, a NotImplementedError, which is a RuntimeError too.
+    x = torch.ones(SIZE * 4, dtype=dtype)
+    with pytest.raises(RuntimeError, match="Adasum"):
+        hvd.reducescatter(x, op=hvd.Adasum)
+    if SIZE & (SIZE - 1) == 0:
+        with pytest.raises(TypeError, match="floating"):
+            hvd.reducescatter(x, op=hvd.Adasum)
+
+
+def test_optimizer_parameter_names_as_horovods(hvd):
+    """Horovod's test_optimizer_no_named_parameters: unique names, the same on every rank."""
+    model = torch.nn.Sequential(torch.nn.Linear(10, 10), torch.nn.Linear(10, 10))
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(
+        [{"params": model[0].parameters()}, {"params": model[1].parameters()}], lr=0.001))
+    names = optimizer._parameter_names
+    assert set(names) == set(model.parameters())
+    assert len(set(names.values())) == len(names)
+    assert hvd.allgather_object(set(names.values())) == [set(names.values())] * SIZE
+    named = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.001),
+                                     named_parameters=model.named_parameters())
+    assert named._parameter_names == {p: n for n, p in model.named_parameters()}

@@ -131,3 +131,16 @@ def test_disagreements_name_the_variable_and_who_holds_each_value():
 
 def test_every_setting_that_must_agree_is_a_variable():
     assert set(config.MUST_AGREE) <= {var.field for var in config.VARIABLES}
+
+
+def test_deterministic_values():
+    assert config.load({}).deterministic == ""
+    for off in ("0", "off", "false", ""):
+        assert config.load({"MPITRAIN_DETERMINISTIC": off}).deterministic == ""
+    assert config.load({"MPITRAIN_DETERMINISTIC": "1"}).deterministic == \
+        config.DETERMINISTIC_DEFAULT
+    for mode in config.DETERMINISTIC_MODES:
+        assert config.load({"MPITRAIN_DETERMINISTIC": mode.upper()}).deterministic == mode
+    with pytest.warns(RuntimeWarning, match=r"MPITRAIN_DETERMINISTIC='exact'.*rank-order"):
+        assert config.load({"MPITRAIN_DETERMINISTIC": "exact"}).deterministic == ""
+    assert "deterministic" in config.MUST_AGREE

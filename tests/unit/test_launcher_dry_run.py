@@ -52,6 +52,11 @@ CASES_OPENMPI = [
      "--allreduce-algorithm ring python t.py",
      OMPI.format(np=2) + " -x PATH -x MPITRAIN_ALLREDUCE_ALGORITHM=ring "
      "-x MPITRAIN_TIMELINE=/tmp/tl.json -x MPITRAIN_TIMELINE_MARK_CYCLES=1 python t.py"),
+    # --deterministic is a flag: the program's name after it is not taken for a mode.
+    ("-np 2 --deterministic python t.py",
+     OMPI.format(np=2) + " -x PATH -x MPITRAIN_DETERMINISTIC=1 python t.py"),
+    ("-np 2 --deterministic-mode fixed-point python t.py",
+     OMPI.format(np=2) + " -x PATH -x MPITRAIN_DETERMINISTIC=fixed-point python t.py"),
     ("-np 2 --mpi-args='--mca btl tcp,self --report-bindings' python t.py",
      OMPI.format(np=2) + " -x PATH --mca btl tcp,self --report-bindings python t.py"),
     ("-np 2 -x NCCL_DEBUG=INFO -x HOME python t.py",

@@ -149,9 +149,11 @@ def test_a_missing_config_file_is_named(capsys, tmp_path):
     assert code == 2 and "nope.yaml" in err
 
 
-def test_open_mpi_ending_the_job_over_a_lost_node_is_no_success(tmp_path, capfd):
+def test_open_mpi_ending_the_job_over_a_lost_node_is_no_success(tmp_path, capfd, monkeypatch):
     # Open MPI 5.0.11 prints this and exits 0 when a node's daemon is lost, though the ranks
     # never finished: mpitrainrun must report failure (the output still gets through).
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "t.py").write_text("")  # the script must exist: it is checked before launch
     fake = tmp_path / "mpirun"
     fake.write_text("#!/bin/sh\necho 'rank output'\n"
                     "echo 'PRTE has lost communication with a remote daemon.' >&2\nexit 0\n")
@@ -165,3 +167,35 @@ def test_open_mpi_ending_the_job_over_a_lost_node_is_no_success(tmp_path, capfd)
     fake.write_text("#!/bin/sh\necho 'fine' >&2\nexit 0\n")
     assert launch.main(["--mpirun", str(fake), "--mpi", "openmpi", "-np", "2", "python",
                         "t.py"], environ=BASE) == 0
+
+
+def test_a_missing_script_is_named_once_before_anything_starts(capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code = launch.main(["-np", "2", "--mpirun", "mpirun", "--mpi", "openmpi", "python",
+                        "nosuch.py"], environ=BASE)
+    err = capsys.readouterr().err
+    assert code == 2
+    assert err.count("nosuch.py: no such file") == 1 and str(tmp_path) in err
+
+
+@pytest.mark.parametrize(("command", "missing"), [
+    (["python", "nosuch.py", "--lr", "1"], True),
+    (["/opt/venv/bin/python3.11", "-u", "-X", "dev", "nosuch.py"], True),
+    (["python", "-m", "mpitrain.horovod_compat", "nosuch.py"], False),
+    (["python", "-c", "print(1)"], False),
+    (["python", "--version"], False),
+    (["./train.sh", "nosuch.py"], False),
+    (["python", "here.py"], False),
+])
+def test_which_commands_name_a_missing_script(tmp_path, command, missing):
+    (tmp_path / "here.py").write_text("")
+    assert (launch.missing_script(command, str(tmp_path)) is not None) == missing
+
+
+def test_only_jobs_on_this_machine_check_the_script():
+    parser = launch.build_parser()
+    for hosts, local in ((None, True), ("localhost:2", True), ("node1:1,node2:1", False)):
+        args = parser.parse_args(["-np", "2", *(["-H", hosts] if hosts else []), "python",
+                                  "t.py"])
+        plan = launch.make_plan(args, BASE, launch.Flavor.OPENMPI, "mpirun", 8, True)
+        assert plan.local_only is local, hosts

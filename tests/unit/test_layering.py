@@ -28,8 +28,8 @@ GROUND = {"_mpi", "adasum_layout", "binding", "config", "dtypes", "elastic_contr
           "failure", "finalize", "job_env", "launchers", "memory", "process_sets", "runtime",
           "survivors", "topology", "version"}
 FRONT_DOOR = {"collectives", "arrays", "compression", "compressors"}
-ADAPTERS = {"torch", "tensorflow", "kvstore", "mxnet", "files", "scopes", "_face", "tensor_ops", "info",
-            "elastic"}
+ADAPTERS = {"torch", "tensorflow", "keras", "kvstore", "mxnet", "files", "scopes", "_face",
+            "tensor_ops", "info", "elastic"}
 
 MAY_IMPORT = {
     "ground floor": {"ground floor"},

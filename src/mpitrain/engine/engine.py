@@ -24,7 +24,7 @@ from mpi4py import MPI
 from .. import survivors, topology
 from ..config import Config
 from ..dtypes import STORAGE
-from ..errors import MpitrainInternalError
+from ..errors import CollectiveMismatchError, MpitrainInternalError
 from . import autotune_sync, buckets
 from .autotune import Setting, start_setting
 from .negotiation import Response, wait_for
@@ -279,7 +279,9 @@ class Engine:
         for resp in responses:
             if resp.error is not None:
                 if resp.request is not None and resp.request.handle is not None:
-                    resp.request.handle.fail(MpitrainInternalError(resp.error))
+                    error_type = CollectiveMismatchError if resp.mismatch else \
+                        MpitrainInternalError
+                    resp.request.handle.fail(error_type(resp.error))
                 done.append(resp)
             elif resp.kind == Kind.JOIN:
                 self._align_names(state)

@@ -63,6 +63,9 @@ class Response:
     meta: RequestMeta
     request: Request | None  # None on a joined rank that did not submit it
     error: str | None = None
+    # The error is the ranks' disagreement about the request (its arguments, or it cannot
+    # run beside join()), not a failure of the job: see errors.CollectiveMismatchError.
+    mismatch: bool = False
     joined: frozenset[int] = frozenset()
     from_table: bool = False
     last_joined: int = -1
@@ -252,7 +255,8 @@ class Negotiator:
             request = self.hits.pop(bit, None)
             if request is not None:
                 self.pending.pop(name, None)
-            out.append(Response(name, meta, request, error=self._joined_error(name, meta, joined),
+            error = self._joined_error(name, meta, joined)
+            out.append(Response(name, meta, request, error=error, mismatch=error is not None,
                                 joined=joined))
         return out
 
@@ -283,7 +287,7 @@ class Negotiator:
             if error is None and first_meta.kind != Kind.JOIN:
                 error = self._joined_error(name, first_meta, joined - set(by_rank))
             out.append(Response(name, first_meta, request, error=error,
-                                joined=joined - set(by_rank) if first_meta.kind != Kind.JOIN
+                                mismatch=error is not None, joined=joined - set(by_rank) if first_meta.kind != Kind.JOIN
                                 else frozenset(), from_table=True, last_joined=last))
         return out
 

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from ..dtypes import ReduceOp
-from ..errors import MpitrainInternalError
+from ..errors import CollectiveMismatchError, MpitrainInternalError
 
 
 class Kind(enum.IntEnum):
@@ -272,6 +272,10 @@ class Handle:
                 finally:
                     completion.waiters -= 1
         if self._error is not None:
+            # A fresh error, so that the traceback shows this wait, of the same class as the
+            # engine's (a mismatch stays a CollectiveMismatchError).
+            if isinstance(self._error, CollectiveMismatchError):
+                raise CollectiveMismatchError(str(self._error)) from self._error
             if isinstance(self._error, MpitrainInternalError):
                 raise MpitrainInternalError(str(self._error)) from self._error
             raise self._error

@@ -22,6 +22,10 @@ machine (the table is in the README).  A forced algorithm that cannot run on thi
 falls back to the nearest one that can (``shm`` across nodes becomes ``hierarchical``;
 ``hierarchical`` without cross-memory attach becomes ``ring``).
 
+With ``MPITRAIN_DETERMINISTIC`` set, elementwise floating-point reductions (allreduce and
+reducescatter) leave the table for :mod:`.deterministic`, which gives the same bits whatever
+would be chosen here.
+
 Broadcast and allgather use shared memory on one node from :data:`SHM_MIN_BYTES`;
 reducescatter from the allreduce crossover (its shared-memory path is the first half of the
 shm allreduce); MPI otherwise.  Every rank computes the same choice from the same
@@ -37,11 +41,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..dtypes import ReduceOp
-from . import adasum, calibration_cache, channels, hierarchical, mpi, ring, shm
+from . import adasum, calibration_cache, channels, deterministic, hierarchical, mpi, ring, shm
 from .calibration import Calibration
 from .group import Group
 from .kernels import cpu
 from .mpi import allgather_int, alltoall, alltoall_int, barrier
+from .reduction import Reduction
 
 # Measured crossover (benchmarks/allreduce.py, five runs on the 2-core machine, shared with
 # other jobs, see README): the size from which shm/hierarchical beat MPI's Allreduce at every
@@ -222,6 +227,10 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
         adasum.allreduce(group, send, recv, [send.size] if counts is None else counts, dtype,
                          prescale, postscale)
         return
+    if deterministic.applies(group, dtype, op):
+        deterministic.allreduce(_route(group, algorithm, streams), send, recv,
+                                Reduction(dtype, prescale, postscale, op))
+        return
     narrow = dtype in WIDENED_BY_MPI
     nbytes = choice_bytes(send.nbytes, dtype)
     algo = _choose_allreduce(group, nbytes, algorithm)
@@ -235,6 +244,11 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
             return
         algo = _ROWS[decided]
     _run_row(group, algo, send, recv, dtype, op, prescale, postscale, streams)
+
+
+def _route(group: Group, algorithm: str | None, streams: int | None) -> deterministic.Route:
+    """Where a deterministic sum's own collectives go (this module's, for its integers)."""
+    return deterministic.Route(group, algorithm, streams, allreduce, reducescatter)
 
 
 # One row per name (both "ring" rows run the same body).
@@ -316,6 +330,10 @@ def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequ
     """Reduce ``send`` across the group; rank i keeps elements of block i (``counts[i]`` long)."""
     if op == ReduceOp.ADASUM:
         adasum.reducescatter(group, send, recv, counts, dtype, prescale, postscale)
+        return
+    if deterministic.applies(group, dtype, op):
+        deterministic.reducescatter(_route(group, None, None), send, recv, counts,
+                                    Reduction(dtype, prescale, postscale, op))
         return
     node = _shm_node(group, send.nbytes, MPI_MAX_BYTES)
     if node is None:

@@ -48,6 +48,10 @@ def _scaled_int(x: np.ndarray, factor: float) -> np.ndarray:
 _NARROW_INTS = ("uint8", "int8", "int16")
 
 
+# Min and Max cannot overflow: MPI reduces the narrow integers exactly for them (the
+# deterministic mode's exponent fields are one byte per element: widened they would be eight).
+_EXACT_ON_NARROW = (ReduceOp.MIN, ReduceOp.MAX)
+
 # Types MPI reduces exactly as the reference does, with no widening.
 _NATIVE = frozenset({"int32", "int64", "float32", "float64"})
 
@@ -97,7 +101,8 @@ def _mpi_op(dtype: str, op: ReduceOp) -> Any:
 def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
               prescale: float = 1.0, postscale: float = 1.0) -> None:
     """Reduce ``send`` across the group into ``recv`` (``send`` may be ``recv``)."""
-    if prescale == 1.0 and postscale == 1.0 and dtype in _NATIVE:
+    if prescale == 1.0 and postscale == 1.0 and (
+            dtype in _NATIVE or (dtype in _NARROW_INTS and op in _EXACT_ON_NARROW)):
         # The latency path (small messages): straight to MPI, nothing to prepare.
         # Only views (arrays with a base) can be the same memory without being one object.
         if send is recv or ((send.base is not None or recv.base is not None)

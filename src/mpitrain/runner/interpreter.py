@@ -1,9 +1,10 @@
-"""Which Python the ranks run when the command says ``python``.
+"""Which Python the ranks run when the command says ``python``, and whether its script exists.
 
 A bare interpreter name means "Python": the ranks get the one ``mpitrainrun`` runs on (the
 virtual environment mpitrain is installed in), not whichever comes first on the PATH of a
 shell that never activated it -- that one usually lacks torch and mpitrain, and every rank
-would fail with ``ModuleNotFoundError``.
+would fail with ``ModuleNotFoundError``.  A script that does not exist is reported once,
+before anything starts, instead of once per rank by every rank's interpreter.
 """
 
 from __future__ import annotations
@@ -22,6 +23,39 @@ def ranks_command(command: Sequence[str]) -> list[str]:
     if out and out[0] in _PYTHON_NAMES:
         out[0] = sys.executable
     return out
+
+
+# Interpreter options that take the next argument as their value.
+_OPTIONS_WITH_VALUE = ("-W", "-X", "--check-hash-based-pycs")
+# Options after which Python runs no script.
+_NO_SCRIPT = ("-h", "--help", "-V", "--version", "--help-env", "--help-xoptions", "--help-all")
+
+
+def _is_python(program: str) -> bool:
+    name = os.path.basename(program)
+    return name in _PYTHON_NAMES or (name.startswith("python3.") and name[8:].isdigit())
+
+
+def missing_script(command: Sequence[str], cwd: str) -> str | None:
+    """What to say when ``command`` runs Python on a script that is not there, else None.
+
+    Only ``python [options] SCRIPT ...`` is judged; ``-m``, ``-c`` and ``-`` (stdin) run no
+    file, and any other program is the user's business.
+    """
+    if not command or not _is_python(command[0]):
+        return None
+    args = iter(command[1:])
+    for arg in args:
+        if arg in _OPTIONS_WITH_VALUE:
+            next(args, None)
+        elif arg == "-" or arg.startswith(("-m", "-c")) or arg in _NO_SCRIPT:
+            return None
+        elif not arg.startswith("-"):
+            if os.path.exists(os.path.join(cwd, arg)):
+                return None
+            return (f"{arg}: no such file (looked in {cwd}); every rank would fail to start. "
+                    "Give the script's path from the directory you launch in")
+    return None
 
 
 def python_note(command: Sequence[str], environ: Mapping[str, str]) -> str | None:

@@ -33,7 +33,7 @@ from .discovery import Blacklist, DiscoveryError, DiscoveryScript
 from .discovery import place as place_on_hosts
 from .elastic_driver import DriverOptions, ElasticDriver, forwarding_signals, layout_string
 from .hosts import HostfileError, HostSlots, parse_hosts_string, place, read_hostfile, with_slots
-from .interpreter import python_note, ranks_command
+from .interpreter import missing_script, python_note, ranks_command
 from .launch_options import (
     build_parser,
     check_elastic,
@@ -71,6 +71,7 @@ class Plan:
     keep_state_file: bool = False
     control_dir: str | None = None  # with --host-discovery-script: see mpitrain.elastic_control
     in_place: bool = False  # survivors continue in place (ULFM)
+    local_only: bool = False  # every rank runs on this machine (its files are the ranks')
 
 
 class _Restart(NamedTuple):
@@ -193,8 +194,8 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
         placement = f"{args.np} process(es) on this machine ({cores} cores)"
         if flavor is None or launcher is None:
             raise ValueError("no MPI launcher")
-        return _with_restart(Plan(build_command(flavor, launcher, spec), placement, []),
-                             restart)
+        return _with_restart(Plan(build_command(flavor, launcher, spec), placement, [],
+                                  local_only=True), restart)
 
     placed = list(hosts) if oversubscribe else place(args.np, hosts)
     # Ranks beyond this machine's cores (e.g. -H localhost:16): ask MPI not to busy-poll.
@@ -214,8 +215,9 @@ def make_plan(args: argparse.Namespace, environ: Mapping[str, str], flavor: Flav
     if flavor is None or launcher is None:
         raise ValueError("no MPI launcher")
     to_resolve = [h.host for h in placed] if alloc is None else []
-    return _with_restart(Plan(build_command(flavor, launcher, spec), placement, to_resolve),
-                         restart)
+    local_only = alloc is None and all(_is_this_machine(h.host) for h in placed)
+    return _with_restart(Plan(build_command(flavor, launcher, spec), placement, to_resolve,
+                              local_only=local_only), restart)
 
 
 def _with_restart(plan: Plan, restart: _Restart | None) -> Plan:
@@ -434,6 +436,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
             plan = make_plan(args, env, flavor, launcher, _cores(), as_root, srun)
         if not args.dry_run:
             check_hosts_resolve(plan.hosts_to_resolve)
+            missing = missing_script(args.command, os.getcwd()) if plan.local_only else None
+            if missing is not None:
+                raise FileNotFoundError(missing)
     except (ValueError, FileNotFoundError, DiscoveryError) as exc:
         kind = "hostfile" if isinstance(exc, HostfileError) else "error"
         print(f"mpitrainrun: {kind}: {exc}", file=sys.stderr)

@@ -112,6 +112,14 @@ def build_parser() -> argparse.ArgumentParser:
                         help="prefer the hierarchical allreduce across nodes")
     tuning.add_argument("--allreduce-algorithm", choices=config.ALLREDUCE_ALGORITHMS,
                         help="force one allreduce algorithm")
+    # A flag plus a separate mode option, not ``--deterministic [MODE]``: an optional value
+    # would swallow the program's name (``--deterministic python train.py``).
+    tuning.add_argument("--deterministic", action="store_true",
+                        help="floating-point sums with the same bits whatever the fusion, "
+                        "algorithm, channels and node layout (MPITRAIN_DETERMINISTIC=1)")
+    tuning.add_argument("--deterministic-mode", choices=config.DETERMINISTIC_MODES,
+                        help="which deterministic design (implies --deterministic); "
+                        "fixed-point also ignores the rank order and world size")
     tuning.add_argument("--timeline-filename", metavar="FILE",
                         help="write a Chrome-trace timeline (from rank 0) to FILE")
     tuning.add_argument("--timeline-mark-cycles", action="store_true",
@@ -213,6 +221,10 @@ def settings_from_args(args: argparse.Namespace) -> dict[str, str]:
         out[_NAMES["hierarchical_allreduce"]] = "1"
     if args.allreduce_algorithm is not None:
         out[_NAMES["allreduce_algorithm"]] = args.allreduce_algorithm
+    if getattr(args, "deterministic_mode", None):
+        out[_NAMES["deterministic"]] = args.deterministic_mode
+    elif getattr(args, "deterministic", False):
+        out[_NAMES["deterministic"]] = "1"
     if args.timeline_filename:
         out[_NAMES["timeline"]] = os.path.abspath(args.timeline_filename)
     if args.timeline_mark_cycles:

@@ -15,6 +15,7 @@ except ImportError as _exc:  # pragma: no cover - depends on the environment
                       "'mpitrain[tensorflow]' (tensorflow-cpu >= 2.16 with Keras 3)") from _exc
 
 from ..collectives import (
+    Adasum,
     Average,
     Max,
     Min,
@@ -27,7 +28,6 @@ from ..collectives import (
     start_timeline,
     stop_timeline,
 )
-from ..compression import Compression
 from ..errors import HorovodInternalError, MpitrainInternalError
 from ..process_sets import ProcessSet, global_process_set
 from ..runtime import (
@@ -51,19 +51,23 @@ from ..runtime import (
     size,
 )
 from ..session import add_process_set, remove_process_set, shutdown
-from . import elastic, keras
+from . import elastic, keras, util
 from .basics import init
 from .broadcast_ops import broadcast, grouped_broadcast
+from .compression import Compression
 from .distributed_optimizer import DistributedOptimizer
-from .functions import broadcast_global_variables, broadcast_variables
+from .functions import broadcast_, broadcast_global_variables, broadcast_variables
 from .gather_ops import allgather, alltoall, grouped_allgather
-from .gradients import DistributedGradientTape, GradientReducer
+from .gradients import GradientReducer
 from .hooks import BroadcastGlobalVariablesHook
 from .info_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .reduce_ops import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 from .sync_batch_norm import SyncBatchNormalization
+from .tape import DistributedGradientTape, PartialDistributedGradientTape
+from .util import executing_eagerly as _executing_eagerly  # noqa: F401 - Horovod's tests call hvd._executing_eagerly()
 
 __all__ = [
+    "Adasum",
     "Average",
     "BroadcastGlobalVariablesHook",
     "Compression",
@@ -74,6 +78,7 @@ __all__ = [
     "Max",
     "Min",
     "MpitrainInternalError",
+    "PartialDistributedGradientTape",
     "ProcessSet",
     "Product",
     "Sum",
@@ -85,6 +90,7 @@ __all__ = [
     "alltoall",
     "barrier",
     "broadcast",
+    "broadcast_",
     "broadcast_global_variables",
     "broadcast_object",
     "broadcast_variables",
@@ -125,4 +131,5 @@ __all__ = [
     "start_timeline",
     "stop_timeline",
     "size_op",
+    "util",
 ]

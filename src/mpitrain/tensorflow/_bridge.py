@@ -30,7 +30,9 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ..errors import CollectiveMismatchError
 from . import _graph_async
+from .errors import as_tensorflow_error
 
 try:  # a private helper: without it XLA is still refused, by TensorFlow's own error
     from tensorflow.python.ops.control_flow_util import GraphOrParentsInXlaContext
@@ -39,6 +41,11 @@ except ImportError:  # pragma: no cover - depends on the TensorFlow build
 
 SUPPORTED_DTYPES = (tf.uint8, tf.int8, tf.int16, tf.int32, tf.int64, tf.float16, tf.bfloat16,
                     tf.float32, tf.float64, tf.bool)
+# Types that collectives which only move data (allgather, broadcast, alltoall) also take, as
+# Horovod's do, though the engine has no element type for them: they travel as the bits of a
+# type of the same width, which moving leaves intact.
+CARRIED_AS = {tf.uint16: tf.int16}
+MOVED_DTYPES = SUPPORTED_DTYPES + tuple(CARRIED_AS)
 
 XLA_MESSAGE = ("{what} cannot run inside an XLA-compiled function (jit_compile=True): "
                "mpitrain's collectives run as tf.numpy_function, which XLA cannot compile. "
@@ -60,8 +67,11 @@ def refuse_xla(what: str) -> None:
         raise ValueError(XLA_MESSAGE.format(what=what))
 
 
-def as_tensor(value: Any, what: str) -> tf.Tensor:
-    """``value`` (tensor, variable, numpy array) as a tensor of a dtype mpitrain can move.
+def as_tensor(value: Any, what: str, moved_only: bool = False) -> tf.Tensor:
+    """``value`` (tensor, variable, numpy array) as a tensor of a dtype mpitrain can handle.
+
+    ``moved_only``: for a collective that only moves data, which also takes the
+    :data:`CARRIED_AS` types.
 
     Raises:
         TypeError: the value cannot be a tensor, or its dtype is not supported.
@@ -72,10 +82,22 @@ def as_tensor(value: Any, what: str) -> tf.Tensor:
         tensor = tf.convert_to_tensor(value)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"{what} must be a tensor, got {type(value).__name__}: {exc}") from None
-    if tensor.dtype not in SUPPORTED_DTYPES:
+    supported = MOVED_DTYPES if moved_only else SUPPORTED_DTYPES
+    if tensor.dtype not in supported:
         raise TypeError(f"{what} has dtype {tensor.dtype.name}; supported: "
-                        f"{sorted(d.name for d in SUPPORTED_DTYPES)}")
+                        f"{sorted(d.name for d in supported)}")
     return tensor
+
+
+def carried(tensor: tf.Tensor) -> tf.Tensor:
+    """``tensor`` as the engine carries it (see :data:`CARRIED_AS`); most are unchanged."""
+    carrier = CARRIED_AS.get(tensor.dtype)
+    return tensor if carrier is None else tf.bitcast(tensor, carrier)
+
+
+def restored(tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """Undo :func:`carried` on a result that should be of ``dtype``."""
+    return tensor if tensor.dtype == dtype else tf.bitcast(tensor, dtype)
 
 
 def in_v1_graph() -> bool:
@@ -132,13 +154,22 @@ def run(fn: Callable[..., Sequence[np.ndarray]], inputs: Sequence[tf.Tensor],
 
     Raises:
         ValueError: the graph is being compiled by XLA.
+        mpitrain.tensorflow.errors.FailedPreconditionError: (eagerly) ranks disagree about
+            the collective; :class:`.errors.InvalidArgumentError`: (eagerly) ``fn`` found an
+            argument invalid (see :mod:`.errors` for what graphs raise).
     """
     def call(*arrays: Any) -> list[np.ndarray]:
         # TensorFlow hands 0-d values over as numpy scalars; the collectives want arrays.
         return [np.asarray(r) for r in fn(*[np.asarray(a, order="C") for a in arrays])]
 
     if tf.executing_eagerly():
-        results = call(*[t.numpy() for t in inputs])
+        try:
+            results = call(*[t.numpy() for t in inputs])
+        except (CollectiveMismatchError, ValueError) as exc:
+            converted = as_tensorflow_error(exc)
+            if converted is None:
+                raise
+            raise converted from exc
         return [tf.convert_to_tensor(r, dtype=d) for r, d in zip(results, touts)]
     refuse_xla(f"mpitrain.tensorflow.{what}")
     if in_v1_graph():

@@ -14,7 +14,6 @@ import numpy as np
 import tensorflow as tf
 
 from .. import collectives
-from ..compression import Compressor
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet
 from . import _bridge
@@ -22,15 +21,14 @@ from ._support import set_rank, set_size
 
 
 def allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
-              compression: type[Compressor], name: str | None,
-              process_set: ProcessSet) -> list[tf.Tensor]:
+              name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
     """Reduce the tensors together (one fused request); results keep the inputs' shapes."""
     engine_name = _bridge.op_name("allreduce", name)
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        return collectives.grouped_allreduce(list(arrays), name=engine_name, compression=compression,
-                                   op=op, prescale_factor=pre, postscale_factor=post,
-                                   process_set=process_set)
+        return collectives.grouped_allreduce(list(arrays), name=engine_name, op=op,
+                                             prescale_factor=pre, postscale_factor=post,
+                                             process_set=process_set)
 
     return _bridge.run(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
                        "allreduce")
@@ -46,10 +44,13 @@ def allgather(tensors: Sequence[tf.Tensor], name: str | None,
     engine_name = _bridge.op_name("allgather", name)
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        return collectives.grouped_allgather(list(arrays), name=engine_name, process_set=process_set)
+        return collectives.grouped_allgather(list(arrays), name=engine_name,
+                                             process_set=process_set)
 
-    return _bridge.run(fn, tensors, [t.dtype for t in tensors],
+    inputs = [_bridge.carried(t) for t in tensors]
+    outs = _bridge.run(fn, inputs, [t.dtype for t in inputs],
                        [_gathered_shape(t) for t in tensors], "allgather")
+    return [_bridge.restored(o, t.dtype) for o, t in zip(outs, tensors)]
 
 
 def broadcast(tensors: Sequence[tf.Tensor], root_rank: int, name: str | None,
@@ -58,14 +59,15 @@ def broadcast(tensors: Sequence[tf.Tensor], root_rank: int, name: str | None,
     engine_name = _bridge.op_name("broadcast", name)
 
     def fn(*arrays: np.ndarray) -> list[Any]:
-        handles = [collectives.broadcast_async(a, root_rank,
-                                     None if engine_name is None else f"{engine_name}.{i}",
-                                     process_set)
-                   for i, a in enumerate(arrays)]
+        handles = [collectives.broadcast_async(
+                       a, root_rank, None if engine_name is None else f"{engine_name}.{i}",
+                       process_set) for i, a in enumerate(arrays)]
         return [collectives.synchronize(h) for h in handles]
 
-    return _bridge.run(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
+    inputs = [_bridge.carried(t) for t in tensors]
+    outs = _bridge.run(fn, inputs, [t.dtype for t in inputs], [t.shape for t in tensors],
                        "broadcast")
+    return [_bridge.restored(o, t.dtype) for o, t in zip(outs, tensors)]
 
 
 def alltoall(tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None,
@@ -81,13 +83,14 @@ def alltoall(tensor: tf.Tensor, splits: tf.Tensor | None, name: str | None,
     splits_t = splits if given else tf.zeros([size], tf.int32)
 
     def fn(a: np.ndarray, s: np.ndarray) -> list[np.ndarray]:
-        out, received = collectives.alltoall(a, splits=s if given else None, name=engine_name,
-                                   process_set=process_set)
+        out, received = collectives.alltoall(a, splits=s if given else None,
+                                             name=engine_name, process_set=process_set)
         return [out, np.asarray(received, dtype=np.int32)]
 
-    out, received = _bridge.run(fn, [tensor, splits_t], [tensor.dtype, tf.int32],
+    moved = _bridge.carried(tensor)
+    out, received = _bridge.run(fn, [moved, splits_t], [moved.dtype, tf.int32],
                                 [_gathered_shape(tensor), [size]], "alltoall")
-    return out, received
+    return _bridge.restored(out, tensor.dtype), received
 
 
 def scattered_rows(rows: int | None, process_set: ProcessSet) -> int | None:
@@ -99,17 +102,14 @@ def scattered_rows(rows: int | None, process_set: ProcessSet) -> int | None:
 
 
 def reducescatter(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
-                  compression: type[Compressor], name: str | None,
-                  process_set: ProcessSet) -> list[tf.Tensor]:
+                  name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
     """Reduce the tensors together and keep this rank's block of rows of each."""
     engine_name = _bridge.op_name("reducescatter", name)
 
     def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        pairs = [compression.compress(a) for a in arrays]
-        outs = collectives.grouped_reducescatter([p[0] for p in pairs], name=engine_name, op=op,
-                                       prescale_factor=pre, postscale_factor=post,
-                                       process_set=process_set)
-        return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+        return collectives.grouped_reducescatter(list(arrays), name=engine_name, op=op,
+                                                 prescale_factor=pre, postscale_factor=post,
+                                                 process_set=process_set)
 
     shapes = [[scattered_rows(t.shape.as_list()[0], process_set)] + t.shape.as_list()[1:]
               if t.shape.rank else None for t in tensors]

@@ -34,7 +34,8 @@ def grouped_broadcast(tensors: Sequence[Any], root_rank: int, name: str | None =
         TypeError: a dtype is not supported, or ``root_rank`` is not an int.
         ValueError: ``root_rank`` is not in the process set, or XLA is compiling the step.
     """
-    converted = [_bridge.as_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+    converted = [_bridge.as_tensor(t, f"tensors[{i}]", moved_only=True)
+                 for i, t in enumerate(tensors)]
     collectives.requests.rank_within(process_set, root_rank)
     if not converted:
         return []
@@ -54,7 +55,7 @@ def broadcast(tensor: Any, root_rank: int, name: str | None = None,
         ValueError: ``root_rank`` is not in the process set, or XLA is compiling the step.
     """
     del ignore_name_scope
-    x = _bridge.as_tensor(tensor, "tensor")
+    x = _bridge.as_tensor(tensor, "tensor", moved_only=True)
     collectives.requests.rank_within(process_set, root_rank)
     root = int(root_rank)
     if not differentiable([x]):

@@ -13,7 +13,6 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..compression import Compressor
 from ..dtypes import ReduceOp, check_reduce_supported
 from ..process_sets import ProcessSet
 from . import _engine_ops
@@ -29,19 +28,18 @@ def check_scaled(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: f
 
 
 def dense_allreduce(tensors: list[tf.Tensor], op: ReduceOp, pre: float, post: float,
-                     compression: type[Compressor], name: str | None,
-                     process_set: ProcessSet) -> list[tf.Tensor]:
+                     name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
+    """Reduce ``tensors`` as they are (compressed already, where asked) as one request."""
     if not differentiable(tensors):
-        return _engine_ops.allreduce(tensors, op, pre, post, compression, name, process_set)
+        return _engine_ops.allreduce(tensors, op, pre, post, name, process_set)
 
     @tf.custom_gradient
     def forward(*xs: tf.Tensor) -> Any:
-        ys = _engine_ops.allreduce(list(xs), op, pre, post, compression, name, process_set)
+        ys = _engine_ops.allreduce(list(xs), op, pre, post, name, process_set)
 
         def backward(*dys: Any) -> list[tf.Tensor]:
             check_linear(op, "allreduce")
-            return dense_allreduce(zeros_for_none(dys, ys), op, pre, post, compression, None,
-                                    process_set)
+            return dense_allreduce(zeros_for_none(dys, ys), op, pre, post, None, process_set)
 
         return ys, backward
 

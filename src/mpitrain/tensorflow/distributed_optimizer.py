@@ -7,10 +7,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from ..compression import Compression, Compressor
+from ..compression import Compressor
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set
-from .gradients import GradientReducer, check_one_pass
+from .compression import Compression
+from .gradients import GradientReducer, check_groups, check_one_pass
 from .keras.optimizer_keras3 import DistributedOptimizer as KerasDistributedOptimizer
 from .optimizer_v1 import DistributedOptimizerV1
 
@@ -42,10 +43,11 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         op: Average (default) or Sum.
         gradient_predivide_factor: see :class:`GradientReducer`.
         average_aggregated_gradients: accepted for Horovod compatibility (one pass).
-        num_groups: accepted for Horovod compatibility (one fused request per update).
-        groups: as ``num_groups``.
+        num_groups: Horovod's deprecated spelling of ``groups``.
+        groups: accepted and checked for Horovod compatibility (one fused request per update).
         process_set: the ranks taking part (default: all).
-        scale_local_gradients: accepted for Horovod compatibility.
+        scale_local_gradients: divide the gradients of variables registered with
+            ``register_local_var`` by the set size.
 
     Returns:
         The distributed optimizer.
@@ -54,13 +56,16 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         TypeError: ``optimizer`` is neither kind of optimizer.
     """
     check_one_pass(backward_passes_per_step, average_aggregated_gradients)
+    check_groups(num_groups, groups)
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
         reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
                                   process_set)
-        return DistributedOptimizerV1(optimizer, reducer, name, use_locking)
+        return DistributedOptimizerV1(optimizer, reducer, name, use_locking,
+                                      scale_local_gradients)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a Keras 3 optimizer or a "
                         f"tf.compat.v1.train.Optimizer, got {type(optimizer).__name__}")
     return KerasDistributedOptimizer(optimizer, name, device_dense, device_sparse, compression,
                                      sparse_as_dense, gradient_predivide_factor, op,
-                                     process_set=process_set)
+                                     process_set=process_set,
+                                     scale_local_gradients=scale_local_gradients)

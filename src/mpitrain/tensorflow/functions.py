@@ -45,6 +45,31 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int,
     return tf.group(*assigns)
 
 
+@_not_converted
+def broadcast_(variables: Iterable[Any], root_rank: int, name: str | None = None,
+               process_set: ProcessSet = global_process_set) -> list[tf.Tensor]:
+    """Horovod's in-place broadcast: every variable takes ``root_rank``'s value, in one op.
+
+    Every rank must call it with the same variables (kinds, shapes, dtypes) in the same order.
+
+    Returns:
+        The variables' values after the assignment (in a graph, tensors that run it).
+
+    Raises:
+        TypeError: something in ``variables`` is not a variable.
+    """
+    variables = list(variables)
+    for i, v in enumerate(variables):
+        if not callable(getattr(v, "assign", None)):  # tf.Variable or keras.Variable
+            raise TypeError(f"variables[{i}] is a {type(v).__name__}, not a variable")
+    values = grouped_broadcast(variables, root_rank, name=name, process_set=process_set)
+    assigns = [v.assign(value) for v, value in zip(variables, values)]
+    if tf.executing_eagerly():
+        return [tf.convert_to_tensor(v) for v in variables]
+    with tf.control_dependencies(assigns):
+        return [tf.identity(value) for value in values]
+
+
 def broadcast_global_variables(root_rank: int) -> Any:
     """An op that broadcasts every global variable of the default ``tf.compat.v1`` graph.
 

@@ -16,7 +16,6 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..compression import Compression
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of
 from . import _bridge, _engine_ops
@@ -41,8 +40,7 @@ def _allgather(tensors: list[tf.Tensor], name: str | None,
 
         def backward(*dys: Any) -> list[tf.Tensor]:
             upstream = [tf.convert_to_tensor(g) for g in zeros_for_none(dys, ys)]
-            summed = dense_allreduce(upstream, ReduceOp.AVERAGE, 1.0, 1.0, Compression.none,
-                                     None, process_set)
+            summed = dense_allreduce(upstream, ReduceOp.AVERAGE, 1.0, 1.0, None, process_set)
             counts = _engine_ops.allgather([_rows(x) for x in xs], None, process_set)
             me = set_rank(process_set)
             grads = []
@@ -70,7 +68,8 @@ def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"grouped_allgather takes a list or tuple of tensors, got "
                         f"{type(tensors).__name__}")
-    converted = [_bridge.as_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
+    converted = [_bridge.as_tensor(t, f"tensors[{i}]", moved_only=True)
+                 for i, t in enumerate(tensors)]
     set_id_of(process_set)
     if not converted:
         return []
@@ -90,7 +89,7 @@ def allgather(tensor: Any, name: str | None = None, ignore_name_scope: bool = Fa
         ValueError: the step is being compiled by XLA.
     """
     del ignore_name_scope
-    x = _bridge.as_tensor(tensor, "tensor")
+    x = _bridge.as_tensor(tensor, "tensor", moved_only=True)
     set_id_of(process_set)
     return _allgather([x], name, process_set)[0]
 
@@ -132,7 +131,7 @@ def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
         ValueError: a scalar tensor, ``splits`` of the wrong length or negative, or XLA.
     """
     del ignore_name_scope
-    x = _bridge.as_tensor(tensor, "tensor")
+    x = _bridge.as_tensor(tensor, "tensor", moved_only=True)
     if x.shape.rank == 0:
         raise ValueError("alltoall needs a tensor with at least one dimension, got a scalar")
     set_id_of(process_set)

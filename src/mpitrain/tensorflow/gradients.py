@@ -1,24 +1,77 @@
-"""Averaging one step's gradients across ranks, and Horovod's DistributedGradientTape on top.
+"""Averaging one step's gradients across ranks, shared by the tape and both DistributedOptimizers.
 
-:class:`GradientReducer` is shared by the tape and both DistributedOptimizers: the dense
-gradients of one step go out as one fused ``grouped_allreduce`` (one op inside a
-``tf.function``, so every rank issues the same collectives in the same order), sparse ones
-(``tf.IndexedSlices``) are allgathered unless ``sparse_as_dense``.
+:class:`GradientReducer`: the dense gradients of one step go out as one fused
+``grouped_allreduce`` (one op inside a ``tf.function``, so every rank issues the same
+collectives in the same order), sparse ones (``tf.IndexedSlices``) are allgathered unless
+``sparse_as_dense``.  Gradients of *local* variables (Horovod's ``register_local_source``/
+``register_local_var``: a model-parallel layer that differs between ranks) are not reduced;
+with ``scale_local_gradients`` they are divided by the set size, as Horovod does (its
+pull/3695: a local gradient then has the scale of the averaged ones).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import tensorflow as tf
 
 from .. import collectives
-from ..compression import Compression, Compressor
+from ..compression import Compressor
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of
 from ._support import not_converted, set_size
+from .compression import Compression
 from .reduce_ops import grouped_allreduce
+
+
+def source_key(source: Any) -> Any:
+    """A hashable identity for a variable: its ``ref()`` where TensorFlow gives one.  Keras 3
+    variables have no ``ref()`` and are unhashable, so theirs is the object's id (a
+    :class:`LocalSources` keeps the object alive, so the id is not reused)."""
+    ref = getattr(source, "ref", None)
+    return ref() if callable(ref) else ("id", id(source))
+
+
+class LocalSources:
+    """The variables whose gradients stay on this rank."""
+
+    def __init__(self) -> None:
+        self._kept: dict[Any, Any] = {}
+
+    def add(self, source: Any) -> None:
+        self._kept[source_key(source)] = source
+
+    def __contains__(self, source: Any) -> bool:
+        return source_key(source) in self._kept
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+
+def _divided(grad: Any, size: int) -> Any:
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / size, grad.indices, grad.dense_shape)
+    return grad / size
+
+
+def check_groups(num_groups: Any, groups: Any) -> None:
+    """Validate Horovod's grouping arguments, which mpitrain accepts without using: all the
+    gradients of a step already travel as one fused request, the best grouping there is.
+
+    Raises:
+        ValueError: ``groups`` is neither a list of lists of variables nor a positive int.
+    """
+    if num_groups:
+        warnings.warn("num_groups has been replaced by groups in Horovod (and is ignored: "
+                      "mpitrain fuses all gradients of a step)", DeprecationWarning,
+                      stacklevel=3)
+    if groups is not None and not (isinstance(groups, list) or
+                                   (isinstance(groups, int) and not isinstance(groups, bool)
+                                    and groups > 0)):
+        raise ValueError(f"groups must be a positive int or a list of lists of variables, "
+                         f"got {groups!r}")
 
 
 class GradientReducer:
@@ -68,6 +121,22 @@ class GradientReducer:
                 "postscale_factor": self.predivide / size}
 
     @not_converted
+    def reduce_except_local(self, grads: Sequence[Any], sources: Sequence[Any],
+                            local: LocalSources, scale_local: bool) -> list[Any]:
+        """:meth:`reduce` for the gradients of ``sources`` that are not in ``local``; the
+        local ones stay on this rank, divided by the set size if ``scale_local``.
+
+        Every rank must call this with the same non-local sources, in the same order.
+        """
+        is_local = [s in local for s in sources]
+        out = self.reduce([None if mine else g for g, mine in zip(grads, is_local)])
+        size = set_size(self.process_set)
+        for i, (g, mine) in enumerate(zip(grads, is_local)):
+            if mine:
+                out[i] = _divided(g, size) if scale_local and g is not None else g
+        return out
+
+    @not_converted
     def reduce(self, grads: Sequence[Any]) -> list[Any]:
         """Return ``grads`` reduced across the process set; ``None`` stays ``None``.
 
@@ -109,65 +178,3 @@ def check_one_pass(backward_passes_per_step: Any, average_aggregated_gradients: 
                          "reduces the gradients of every backward pass; to update every N "
                          "passes give the Keras optimizer gradient_accumulation_steps=N (it "
                          "averages them, as Horovod's average_aggregated_gradients=True)")
-
-
-class _DistributedTapeMixin:
-    """Overrides ``gradient`` of the tape class it is mixed into."""
-
-    _mpitrain_reducer: GradientReducer
-
-    @not_converted
-    def gradient(self, target: Any, sources: Any, output_gradients: Any = None,
-                 unconnected_gradients: Any = tf.UnconnectedGradients.NONE) -> Any:
-        """The tape's gradients, averaged across the process set (one fused request)."""
-        grads = super().gradient(  # type: ignore[misc]
-            target, sources, output_gradients, unconnected_gradients)
-        flat = tf.nest.flatten(grads)
-        return tf.nest.pack_sequence_as(grads, self._mpitrain_reducer.reduce(flat))
-
-
-def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
-                            device_sparse: str = "",
-                            compression: type[Compressor] = Compression.none,
-                            sparse_as_dense: bool = False, op: Any = ReduceOp.AVERAGE,
-                            gradient_predivide_factor: float = 1.0,
-                            process_set: ProcessSet = global_process_set) -> tf.GradientTape:
-    """Wrap a ``tf.GradientTape`` so that ``gradient()`` averages across ranks.
-
-    The returned tape records into the same underlying tape (wrap before or after the
-    ``with`` block).  Each ``gradient()`` call is one collective step: every rank must call it
-    the same number of times, with the same sources, in the same order.
-
-    Args:
-        gradtape: the tape to wrap.
-        device_dense: accepted for Horovod compatibility.
-        device_sparse: accepted for Horovod compatibility.
-        compression: wire format for dense floating gradients.
-        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors.
-        op: Average (default) or Sum.
-        gradient_predivide_factor: see :class:`GradientReducer`.
-        process_set: the ranks taking part (default: all).
-
-    Returns:
-        A tape of ``gradtape``'s class whose ``gradient`` reduces.
-
-    Raises:
-        TypeError: ``gradtape`` is not a ``tf.GradientTape``.
-        ValueError: ``gradtape`` is already distributed, or a bad op/factor.
-    """
-    del device_dense, device_sparse
-    if not isinstance(gradtape, tf.GradientTape):
-        raise TypeError(f"DistributedGradientTape wraps a tf.GradientTape, got "
-                        f"{type(gradtape).__name__}")
-    if isinstance(gradtape, _DistributedTapeMixin):
-        raise ValueError("this tape is already a DistributedGradientTape; wrapping it again "
-                         "would reduce every gradient twice")
-    reducer = GradientReducer(compression, sparse_as_dense, op, gradient_predivide_factor,
-                              process_set)
-    base: Any = type(gradtape)
-    cls: Any = type(base.__name__, (_DistributedTapeMixin, base),
-               {"__module__": __name__, "__doc__": base.__doc__})
-    tape = cls.__new__(cls)
-    tape.__dict__.update(gradtape.__dict__)  # the same recording, the same watched variables
-    tape._mpitrain_reducer = reducer
-    return tape

@@ -5,7 +5,7 @@ The collectives live in :mod:`.reduce_ops`, :mod:`.gather_ops`, :mod:`.broadcast
 the module name Horovod users know.
 """
 
-from ..collectives import Average, Max, Min, Product, Sum, join
+from ..collectives import Adasum, Average, Max, Min, Product, Sum, join
 from ..process_sets import ProcessSet, global_process_set
 from ..runtime import (
     cross_rank,
@@ -23,11 +23,13 @@ from ..session import add_process_set, remove_process_set, shutdown
 from ._support import set_rank, set_size
 from .basics import init
 from .broadcast_ops import broadcast, grouped_broadcast
+from .functions import broadcast_
 from .gather_ops import allgather, alltoall, grouped_allgather
 from .info_ops import local_rank_op, local_size_op, process_set_included_op, rank_op, size_op
 from .reduce_ops import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 
 __all__ = [
+    "Adasum",
     "Average",
     "Max",
     "Min",
@@ -39,6 +41,7 @@ __all__ = [
     "allreduce",
     "alltoall",
     "broadcast",
+    "broadcast_",
     "cross_rank",
     "cross_size",
     "global_process_set",

@@ -18,24 +18,43 @@ from typing import Any
 import tensorflow as tf
 
 from .. import collectives
-from ..compression import Compression, Compressor
+from ..compression import Compressor
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of
 from . import _bridge, _engine_ops, gather_ops
 from ._support import check_linear, differentiable, set_size, zeros_for_none
 from ._support import not_converted as _not_converted
+from .compression import Compression, for_tensorflow
 from .dense_reduce import check_scaled, dense_allreduce
 
 
-def _sparse_allreduce(slices: list[tf.IndexedSlices], op: ReduceOp, scale: float,
+def _check_sparse(op: ReduceOp, pre: float, post: float) -> None:
+    """Horovod's refusals for ``tf.IndexedSlices``, made before anything is sent.
+
+    Raises:
+        NotImplementedError: an op other than Sum/Average, or a scale factor.  A plain one, as
+            Horovod raises: inside a ``tf.function`` AutoGraph re-raises only built-in error
+            classes as themselves.
+    """
+    if op == ReduceOp.ADASUM:
+        raise NotImplementedError("op=Adasum does not support sparse tensors "
+                                   "(tf.IndexedSlices); pass sparse_as_dense=True to "
+                                   "DistributedOptimizer")
+    if op not in (ReduceOp.SUM, ReduceOp.AVERAGE):
+        raise NotImplementedError(f"tf.IndexedSlices are reduced with Sum and Average only, "
+                                   f"got op={op.name.title()}")
+    if pre != 1.0 or post != 1.0:
+        raise NotImplementedError(f"prescale_factor/postscale_factor are not supported with "
+                                   f"tf.IndexedSlices, got {pre} and {post}")
+
+
+def _sparse_allreduce(slices: list[tf.IndexedSlices], op: ReduceOp,
                       process_set: ProcessSet) -> list[tf.IndexedSlices]:
-    check_linear(op, "a sparse (IndexedSlices) allreduce")
-    if op == ReduceOp.AVERAGE:
-        scale /= set_size(process_set)
     values = gather_ops.grouped_allgather([s.values for s in slices], process_set=process_set)
     indices = gather_ops.grouped_allgather([s.indices for s in slices], process_set=process_set)
-    if scale != 1.0:
-        values = [v * tf.cast(scale, v.dtype) for v in values]
+    if op == ReduceOp.AVERAGE:
+        # TensorFlow's true division, as Horovod: integer values average to floating ones.
+        values = [v / tf.cast(set_size(process_set), v.dtype) for v in values]
     return [tf.IndexedSlices(v, i, dense_shape=s.dense_shape)
             for v, i, s in zip(values, indices, slices)]
 
@@ -59,7 +78,8 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
         device_dense: accepted for Horovod compatibility (mpitrain moves host memory).
         device_sparse: accepted for Horovod compatibility.
         compression: e.g. ``Compression.fp16``: the wire format of dense floating tensors.
-        op: Average (default), Sum, Min, Max or Product (Sum or Average with IndexedSlices).
+        op: Average (default), Sum, Min, Max, Product or Adasum (Sum or Average with
+            IndexedSlices).
         prescale_factor: multiplies every input before the reduction.
         postscale_factor: multiplies the result.
         process_set: the ranks taking part (default: all).
@@ -71,29 +91,36 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
 
     Raises:
         TypeError: a tensor's dtype is not supported, or ``tensors`` is not a list.
-        ValueError: an unknown op, a non-linear op with IndexedSlices, or XLA compilation.
+        ValueError: an unknown op, or XLA compilation.
+        NotImplementedError: IndexedSlices with an op other than Sum/Average or with scale
+            factors (as Horovod).
     """
     del device_dense, device_sparse, ignore_name_scope
     if not isinstance(tensors, (list, tuple)):
         raise TypeError(f"grouped_allreduce takes a list or tuple of tensors, got "
                         f"{type(tensors).__name__}")
+    compression = for_tensorflow(compression)
     reduce_op = collectives.resolve_op(op, average)
     pre = collectives.scale_factor(prescale_factor, "prescale_factor")
     post = collectives.scale_factor(postscale_factor, "postscale_factor")
     set_id_of(process_set)
     sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
     dense = [i for i, t in enumerate(tensors) if not isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        _check_sparse(reduce_op, pre, post)
     converted = {i: _bridge.as_tensor(tensors[i], f"tensors[{i}]") for i in dense}
-    check_scaled(list(converted.values()), reduce_op, pre, post)
+    # Compressed as TF tensors, as Horovod does: any Compressor written for TensorFlow works,
+    # and the casts are TensorFlow ops (differentiable, fused into the step's graph).
+    pairs = {i: compression.compress(t) for i, t in converted.items()}
+    check_scaled([pairs[i][0] for i in dense], reduce_op, pre, post)
     out: list[Any] = list(tensors)
     if dense:
-        reduced = dense_allreduce([converted[i] for i in dense], reduce_op, pre, post,
-                                   compression, name, process_set)
+        reduced = dense_allreduce([pairs[i][0] for i in dense], reduce_op, pre, post, name,
+                                   process_set)
         for i, r in zip(dense, reduced):
-            out[i] = r
+            out[i] = compression.decompress(r, pairs[i][1])
     if sparse:
-        gathered = _sparse_allreduce([tensors[i] for i in sparse], reduce_op, pre * post,
-                                     process_set)
+        gathered = _sparse_allreduce([tensors[i] for i in sparse], reduce_op, process_set)
         for i, g in zip(sparse, gathered):
             out[i] = g
     return out
@@ -116,15 +143,13 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
 
 # -------------------------------------------------------------------------- reducescatter
 def _reducescatter(tensors: list[tf.Tensor], op: ReduceOp, pre: float, post: float,
-                   compression: type[Compressor], name: str | None,
-                   process_set: ProcessSet) -> list[tf.Tensor]:
+                   name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
     if not differentiable(tensors):
-        return _engine_ops.reducescatter(tensors, op, pre, post, compression, name,
-                                         process_set)
+        return _engine_ops.reducescatter(tensors, op, pre, post, name, process_set)
 
     @tf.custom_gradient
     def forward(*xs: tf.Tensor) -> Any:
-        ys = _engine_ops.reducescatter(list(xs), op, pre, post, compression, name, process_set)
+        ys = _engine_ops.reducescatter(list(xs), op, pre, post, name, process_set)
 
         def backward(*dys: Any) -> list[tf.Tensor]:
             check_linear(op, "reducescatter")
@@ -172,15 +197,18 @@ def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
     pre = collectives.scale_factor(prescale_factor, "prescale_factor")
     post = collectives.scale_factor(postscale_factor, "postscale_factor")
     set_id_of(process_set)
+    compression = for_tensorflow(compression)
     converted = [_bridge.as_tensor(t, f"tensors[{i}]") for i, t in enumerate(tensors)]
-    check_scaled(converted, reduce_op, pre, post)
+    pairs = [compression.compress(t) for t in converted]
+    check_scaled([c for c, _ in pairs], reduce_op, pre, post)
     for i, t in enumerate(converted):
         if t.shape.rank == 0:
             raise ValueError(f"reducescatter needs tensors[{i}] with at least one dimension, "
                              "got a scalar")
     if not converted:
         return []
-    return _reducescatter(converted, reduce_op, pre, post, compression, name, process_set)
+    reduced = _reducescatter([c for c, _ in pairs], reduce_op, pre, post, name, process_set)
+    return [compression.decompress(r, ctx) for r, (_, ctx) in zip(reduced, pairs)]
 
 
 @_not_converted

@@ -42,11 +42,14 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             of this node; collective on first use) or a registered ProcessSet.
         process_set: Horovod's name for the scope (a ProcessSet); overrides ``comm_scope``.
         **kwargs: ``keras.layers.BatchNormalization``'s arguments (``axis``, ``momentum``,
-            ``epsilon``, ``center``, ``scale``, initializers, ...).
+            ``epsilon``, ``center``, ``scale``, ``renorm``, initializers, ...), and Keras 2's
+            ``virtual_batch_size``/``adjustment`` when None (Horovod's layer passes every
+            keyword on to Keras).
 
     Raises:
         ValueError: ``fused=True``, ``synchronized=True`` (that is tf.distribute's
-            synchronisation; this layer is mpitrain's), or an unknown scope.
+            synchronisation; this layer is mpitrain's), a Keras 2-only argument that is
+            set, or an unknown scope.
         TypeError: a scope of another type.
     """
 
@@ -58,6 +61,14 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
             raise ValueError("synchronized=True asks tf.distribute to synchronise the "
                              "statistics; SyncBatchNormalization synchronises them over "
                              "comm_scope through mpitrain instead: leave it False")
+        for keras2_only in ("virtual_batch_size", "adjustment"):
+            # Keras 2's BatchNormalization took these (and Horovod's layer passes them on);
+            # Keras 3 dropped them, so only their "off" value can be honoured.
+            if keras2_only in kwargs:
+                value = kwargs.pop(keras2_only)
+                if value is not None:
+                    raise ValueError(f"{keras2_only}={value!r}: Keras 3's BatchNormalization "
+                                     f"has no {keras2_only}; leave it None")
         scope = comm_scope if process_set is None else process_set
         check_scope(scope)
         kwargs.setdefault("name", "sync_batch_normalization")

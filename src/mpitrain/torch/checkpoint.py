@@ -185,7 +185,9 @@ def load_checkpoint(path: str | os.PathLike[str], model: torch.nn.Module | None 
 
     Args:
         path: a file, or a template (the newest file it names is loaded).
-        model, optimizer, sampler: restored in place when given.
+        model: restored in place when given.
+        optimizer: restored in place when given.
+        sampler: restored in place when given.
         restore_rng: give every rank its saved random states back (each its own; with a
             different world size now, ranks beyond the saved ones keep theirs).
         map_location: passed to ``torch.load``.

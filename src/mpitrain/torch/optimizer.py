@@ -131,6 +131,12 @@ class _DistributedOptimizer(GradientHooks):
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                            for p in self._requires_update]
 
+    @property
+    def _parameter_names(self) -> dict[torch.Tensor, str]:
+        """Horovod's attribute: each parameter's request name (its ``named_parameters`` name,
+        else a positional one); Horovod's own tests and some users' code read it."""
+        return self._names
+
     # ------------------------------------------------------------------ set-up
     def _make_groups(self, groups: Any, all_params: list[torch.Tensor]) -> None:
         for group in split_groups(groups, all_params, self._names):

@@ -19,6 +19,14 @@ one moves nothing: a bucket with no scaling costs no device work at all, otherwi
 per-call dispatch), and every per-layout object (the pack tables, window views, kernel
 arguments) is made once per layout: ``tests/mpi/test_device_budget.py`` holds each transport
 to its count of launches, waits, synchronisations and allocations per bucket.
+
+With ``MPITRAIN_DETERMINISTIC`` a floating-point reduction gives the CPU data plane's bits:
+``fixed-point`` packs a Sum's bucket into scratch, turns it into integers on the device
+(:mod:`.fixed_point`), reduces the exponents and the integers through step 2 as it would any
+integer bucket (every transport is exact on them) and turns them back, and folds a Min, Max or
+Product on host copies; ``rank-order`` stages every bucket through the host, where the CPU's
+rank-order fold reduces it (the device kernels would round a prescaled sum differently: see
+:mod:`.kernels` on fused multiply-adds).
 """
 
 from __future__ import annotations
@@ -31,11 +39,15 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ...dtypes import STORAGE, ReduceOp
+from ...dtypes import FLOATING, STORAGE, ReduceOp
+from .. import fixed_point as fixed_spec
 from .. import mpi as mpi_ops
+from .. import ordered
 from ..algorithms import allreduce as host_allreduce
 from ..group import Group
-from . import ipc, kernels, launch, streams, transport
+from ..reduction import Reduction
+from ..scratch import Scratch
+from . import fixed_point, ipc, kernels, launch, streams, transport
 from .pack import Packer
 from .probe import require
 from .streams import Channel, Channels, CupyStreams
@@ -99,6 +111,9 @@ class DeviceGroup:
                                        group.config.allreduce_algorithm)
         if force is not None:
             self.phases = [("allreduce", force)]
+        self.rank_order = group.config.deterministic == "rank-order"
+        if self.rank_order:  # the CPU folds every bucket, whatever was forced (module docs)
+            self.phases = [("allreduce", transport.Transport.HOST_STAGING)]
         self.alone = self.phases[0][1] == transport.Transport.LOCAL
         self.uses_ipc = self.phases[0][1] == transport.Transport.CUDA_IPC
         # How data crosses MPI: the cross-node phase of the hierarchical allreduce, or the
@@ -112,7 +127,8 @@ class DeviceGroup:
         self._fusion: Any = None
         self._fused_views: dict[tuple[int, str], Any] = {}
         self._packers: dict[tuple[Any, ...], Packer] = {}
-        self._scratch: dict[tuple[int, str], Any] = {}
+        self._scratch: dict[tuple[int | str, str], Any] = {}
+        self._host_scratch: dict[int, Scratch] = {}
         self._pinned: dict[int, list[Any]] = {}
         self._lock = threading.Lock()
 
@@ -166,7 +182,11 @@ class DeviceGroup:
         return view
 
     def _scratch_for(self, channel: Channel, dtype: np.dtype, count: int) -> Any:
-        key = (channel.index, dtype.str)
+        return self._named(channel.index, dtype, count)
+
+    def _named(self, name: int | str, dtype: np.dtype, count: int) -> Any:
+        """Device scratch under ``name`` (a channel's index, or a purpose), grown, never shrunk."""
+        key = (name, dtype.str)
         with self._lock:
             buf = self._scratch.get(key)
             if buf is None or buf.size < count:
@@ -231,6 +251,10 @@ class DeviceGroup:
                 # streams=1: the device channels already run in parallel; no nested split.
                 host_allreduce(self.group, host, host, dtype, op, prescale, postscale,
                                streams=1)
+            elif self.rank_order and dtype in FLOATING:
+                ws = self._host_scratch.setdefault(channel.index, Scratch())
+                ordered.allreduce(ordered.Ranks(comm, None, ws), host, host,
+                                  Reduction(dtype, prescale, postscale, op))
             else:
                 mpi_ops.allreduce(host_group, host, host, dtype, op, prescale, postscale)
 
@@ -276,8 +300,70 @@ class DeviceGroup:
         if count == 0:
             return
         with self.on_device():
+            if self.group.config.deterministic == "fixed-point" and dtype in FLOATING:
+                how = Reduction(dtype, prescale, postscale, op)
+                if op == ReduceOp.SUM:
+                    fixed_spec.check_world(self.group.size)
+                    self._fixed_point(inputs, outputs, how, ready, framework_streams)
+                else:
+                    self._folded_on_host(inputs, outputs, how, ready)
+                return
             self._allreduce(inputs, outputs, storage, count, dtype, op, prescale, postscale,
                             ready, framework_streams)
+
+    def _folded_on_host(self, inputs: Sequence[Any], outputs: Sequence[Any], how: Reduction,
+                        ready: Sequence[Any]) -> None:
+        """A floating Min, Max or Product in fixed-point mode: the CPU's rank-order fold on
+        host copies (rare buckets; the device kernels' order would depend on the transport)."""
+        for event in ready:
+            self.backend.host_wait(event)  # the producer's writes, before the download
+        hosts = [self.cupy.asnumpy(x).reshape(-1) for x in inputs]
+        fused = np.concatenate(hosts)
+        host_allreduce(self.group, fused, fused, how.dtype, how.op, how.prescale, how.postscale)
+        offset = 0
+        for out, host in zip(outputs, hosts):
+            out.set(fused[offset:offset + host.size].reshape(out.shape))
+            offset += host.size
+        self.cupy.cuda.get_current_stream().synchronize()  # the uploads, before step() reads
+
+    def _fixed_point(self, inputs: Sequence[Any], outputs: Sequence[Any], how: Reduction,
+                     ready: Sequence[Any], framework_streams: Sequence[Any]) -> None:
+        """The fixed-point sum of a bucket: encoded on the device, its exponents and integers
+        reduced as integer buckets, decoded (see the module docstring)."""
+        count = sum(int(x.size) for x in inputs)
+        storage, lay = STORAGE[how.dtype], fixed_spec.LAYOUTS[how.dtype]
+        stream = self.channels.channels[0].stream
+        for event in ready:
+            self.backend.wait(stream, event)
+        in_place_single = (len(inputs) == 1
+                           and int(inputs[0].data.ptr) == int(outputs[0].data.ptr))
+        if in_place_single:
+            values = inputs[0]
+        else:  # not the IPC window: the integer buckets below go through it
+            values = self._named("fixed.values", storage, count)
+            self._packer(_addressed(inputs), values.view(np.uint8)).pack(values.view(np.uint8),
+                                                                         stream)
+        exps = self._named("fixed.exps", STORAGE[lay.exps], count)
+        words = self._named("fixed.words", STORAGE[lay.word], count * lay.words)
+        # The codec's kernels launch through numba's dispatch (few launches per bucket).
+        on = self.launcher.numba_stream(stream)
+        v, e, w = (self.launcher.numba_array(a) for a in (values, exps, words))
+        kernels.launch(fixed_point.exponents_kernel(how.dtype), count, on, v, e, count,
+                       how.prescale)
+        self._allreduce([exps], [exps], STORAGE[lay.exps], count, lay.exps, ReduceOp.MAX,
+                        1.0, 1.0, (), ())
+        kernels.launch(fixed_point.encode_kernel(how.dtype), count, on, v, e, w, count,
+                       how.prescale)
+        self._allreduce([words], [words], STORAGE[lay.word], count * lay.words, lay.word,
+                        ReduceOp.SUM, 1.0, 1.0, (), ())
+        kernels.launch(fixed_point.decode_kernel(how.dtype), count, on, w, e, v, count,
+                       how.postscale)
+        if not in_place_single:
+            self._packer(_addressed(outputs), values.view(np.uint8)).unpack(
+                values.view(np.uint8), stream)
+        done = self.backend.record(stream)
+        for framework_stream in framework_streams:
+            self.backend.wait(framework_stream, done)
 
     def _allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any], storage: np.dtype,
                    count: int, dtype: str, op: ReduceOp, prescale: float, postscale: float,
@@ -377,9 +463,15 @@ class DeviceGroup:
                 comm.Free()
         self._packers.clear()
         self._scratch.clear()
+        self._host_scratch.clear()
         self._pinned.clear()
         self._fused_views.clear()
         self.launcher.close()
+
+
+def _addressed(arrays: Sequence[Any]) -> tuple[Sequence[Any], tuple[int, ...]]:
+    """Arrays with their device addresses, as :meth:`DeviceGroup._packer` takes them."""
+    return arrays, tuple([int(a.data.ptr) for a in arrays])
 
 
 class _CommGroup:

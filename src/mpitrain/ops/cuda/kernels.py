@@ -434,11 +434,40 @@ def cast(src: Any, out: Any, dtype_in: str, dtype_out: str, scale: float = 1.0,
                 threads, max_blocks)
 
 
+def loader(kind: str) -> Any:
+    """The device helper ``load(a, i, scale)`` of :func:`combine_kernel` for arrays of
+    ``kind``: element i in its accumulation type, times ``scale`` (other kernels reuse it)."""
+    return _loader(kind)
+
+
+def storer(kind: str) -> Any:
+    """The device helper ``store(out, i, value, scale)`` for arrays of ``kind``."""
+    return _storer(kind)
+
+
+def device_types() -> Any:
+    """numba's types module, once numba.cuda is known to be there (for device helpers)."""
+    return _numba_types()
+
+
+def jit(kernel: Any) -> Any:
+    """Compile ``kernel`` with numba.cuda as every kernel here is (raising without it)."""
+    return _require_numba().jit(kernel)
+
+
+def launch(kernel: Any, n: int, stream: Any, *args: Any) -> None:
+    """Launch a grid-stride ``kernel`` over ``n`` elements on ``stream`` (a numba stream)."""
+    blocks, threads = launch_shape(n)
+    with _launching:
+        kernel[blocks, threads, stream](*args)
+
+
 def simulated() -> bool:
     """True when numba runs kernels in its CUDA simulator (NUMBA_ENABLE_CUDASIM=1)."""
     return _SIMULATED
 
 
 __all__ = ["OUT", "SCRATCH", "Step", "accumulator_dtype", "accumulator_kind", "cast", "cast_step",
-           "combine_kernel", "launch_shape", "launch_step", "reduce_buffers", "reduce_plan",
-           "reduce_steps", "scale_kernel", "simulated", "step_buffers", "step_kernel"]
+           "combine_kernel", "device_types", "jit", "launch", "launch_shape", "launch_step",
+           "loader", "reduce_buffers", "reduce_plan", "reduce_steps", "scale_kernel",
+           "simulated", "step_buffers", "step_kernel", "storer"]

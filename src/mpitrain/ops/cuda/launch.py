@@ -179,10 +179,11 @@ class Launcher:
             buffers = kernels.step_buffers(step, list(inputs), out, scratch)
             if self.prepared is not None and self.prepared.launch(step, buffers, n, stream):
                 continue
-            kernels.launch_step(step, [self._numba(b) for b in buffers], n,
-                                self._numba_stream(stream))
+            kernels.launch_step(step, [self.numba_array(b) for b in buffers], n,
+                                self.numba_stream(stream))
 
-    def _numba(self, array: Any) -> Any:
+    def numba_array(self, array: Any) -> Any:
+        """``array`` (cupy's) as numba's dispatch takes it, for kernels launched that way."""
         if kernels.simulated():
             # numba's CUDA simulator (CPU tests over a fake device, whose "device" memory is
             # host memory) takes host arrays and has no from_cuda_array_interface.
@@ -190,7 +191,8 @@ class Launcher:
         return self.numba_cuda.from_cuda_array_interface(array.__cuda_array_interface__,
                                                          owner=array, sync=False)
 
-    def _numba_stream(self, stream: Any) -> Any:
+    def numba_stream(self, stream: Any) -> Any:
+        """numba's view of ``stream`` (cupy's), made once per stream."""
         if kernels.simulated():
             return 0
         pointer = int(stream.ptr)

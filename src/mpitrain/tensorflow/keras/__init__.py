@@ -15,7 +15,6 @@ from ...collectives import (
     start_timeline,
     stop_timeline,
 )
-from ...compression import Compression
 from ...process_sets import ProcessSet, global_process_set
 from ...runtime import (
     ccl_built,
@@ -38,11 +37,12 @@ from ...runtime import (
 )
 from ...session import add_process_set, remove_process_set, shutdown
 from ..basics import init
+from ..compression import Compression
 from ..functions import broadcast_variables
-from ..mpi_ops import allgather, allreduce, broadcast
 from ..sync_batch_norm import SyncBatchNormalization
 from . import callbacks, elastic
 from .optimizer_keras3 import DistributedOptimizer
+from .values import allgather, allreduce, broadcast, reducescatter
 
 __all__ = [
     "Average",
@@ -78,6 +78,7 @@ __all__ = [
     "mpi_threads_supported",
     "nccl_built",
     "rank",
+    "reducescatter",
     "remove_process_set",
     "rocm_built",
     "shutdown",

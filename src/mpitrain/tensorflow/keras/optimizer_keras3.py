@@ -12,23 +12,38 @@ from typing import Any
 
 import keras
 
-from ...compression import Compression, Compressor
+from ...compression import Compressor
 from ...dtypes import ReduceOp
 from ...process_sets import ProcessSet, global_process_set
-from ..gradients import GradientReducer, check_one_pass
+from ..compression import Compression
+from ..gradients import GradientReducer, LocalSources, check_groups, check_one_pass
 
 
 class _DistributedApplyMixin:
     """Reduces gradients across ranks before the optimizer class it is mixed into applies them."""
 
     _mpitrain_reducer: GradientReducer
+    _mpitrain_local: LocalSources
+    _mpitrain_scale_local: bool
+
+    def register_local_var(self, var: Any) -> None:
+        """Keep ``var``'s gradient on this rank (not reduced; divided by the set size when
+        ``scale_local_gradients``), as Horovod's optimizer does for model-parallel layers."""
+        self._mpitrain_local.add(var)
 
     def apply(self, grads: Any, trainable_variables: Any = None) -> Any:
         """Average ``grads`` across the process set (one fused request), then apply them.
 
-        Every rank must call this for the same variables, in the same order.
+        Every rank must call this for the same non-local variables, in the same order.
         """
-        reduced = self._mpitrain_reducer.reduce(list(grads))
+        grads = list(grads)
+        if len(self._mpitrain_local):
+            variables = list(trainable_variables if trainable_variables is not None
+                             else self._trainable_variables)  # type: ignore[attr-defined]
+            reduced = self._mpitrain_reducer.reduce_except_local(
+                grads, variables, self._mpitrain_local, self._mpitrain_scale_local)
+        else:
+            reduced = self._mpitrain_reducer.reduce(grads)
         return super().apply(reduced, trainable_variables)  # type: ignore[misc]
 
 
@@ -59,12 +74,13 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         backward_passes_per_step: only 1 (see
             :func:`mpitrain.tensorflow.gradients.check_one_pass` for several passes).
         average_aggregated_gradients: accepted for Horovod compatibility (one pass).
-        num_groups: accepted for Horovod compatibility: all gradients of an update already
-            travel as one fused request, which is what Horovod's groups approximate.
-        groups: as ``num_groups``.
+        num_groups: Horovod's deprecated spelling of ``groups``.
+        groups: accepted and checked for Horovod compatibility: all gradients of an update
+            already travel as one fused request (see
+            :func:`mpitrain.tensorflow.gradients.check_groups`).
         process_set: the ranks taking part (default: all).
-        scale_local_gradients: accepted for Horovod compatibility (mpitrain has no
-            rank-local variables to scale).
+        scale_local_gradients: divide the gradients of variables registered with
+            ``register_local_var`` by the set size.
 
     Returns:
         The distributed optimizer.
@@ -73,8 +89,9 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         TypeError: ``optimizer`` is not a Keras 3 optimizer.
         ValueError: it is already distributed, a bad op/factor, or several backward passes.
     """
-    del device_dense, device_sparse, num_groups, groups, scale_local_gradients
+    del device_dense, device_sparse
     check_one_pass(backward_passes_per_step, average_aggregated_gradients)
+    check_groups(num_groups, groups)
     if not isinstance(optimizer, keras.optimizers.Optimizer):
         raise TypeError(f"DistributedOptimizer wraps a keras.optimizers.Optimizer, got "
                         f"{type(optimizer).__name__}")
@@ -91,4 +108,6 @@ def DistributedOptimizer(optimizer: keras.optimizers.Optimizer, name: str | None
         config["name"] = name
     distributed = cls.from_config(config)
     distributed._mpitrain_reducer = reducer
+    distributed._mpitrain_local = LocalSources()
+    distributed._mpitrain_scale_local = bool(scale_local_gradients)
     return distributed

@@ -100,6 +100,24 @@ def _create(opts: Any, backend_options: Any = None) -> ProcessGroupMpitrain:
     return pg
 
 
+def init_default_group() -> None:
+    """Create torch's default process group over mpitrain, with rank and size from MPI.
+
+    What ``dist.init_process_group(backend="mpitrain")`` does under mpirun, whatever the
+    environment holds (RANK/WORLD_SIZE, if set, must agree with MPI; MASTER_ADDR/MASTER_PORT,
+    if set, place the store).  Collective over every rank of the job.
+
+    Raises:
+        ValueError: torch already has a default process group.
+    """
+    if dist.is_initialized():
+        raise ValueError(f"torch already has a default process group (backend "
+                         f"{dist.get_backend()!r}); mpitrain creates one only where none exists")
+    register()
+    store, rank, size = next(rendezvous.mpi_rendezvous("env://", dist.default_pg_timeout))
+    dist.init_process_group(BACKEND_NAME, store=store, rank=rank, world_size=size)
+
+
 def register() -> None:
     """Register the "mpitrain" backend with torch.distributed (idempotent, communicates nothing)."""
     if not hasattr(dist.Backend, BACKEND_NAME.upper()):
@@ -109,4 +127,4 @@ def register() -> None:
     rendezvous.install()
 
 
-__all__ = ["BACKEND_NAME", "ProcessGroupMpitrain", "Work", "register"]
+__all__ = ["BACKEND_NAME", "ProcessGroupMpitrain", "Work", "init_default_group", "register"]

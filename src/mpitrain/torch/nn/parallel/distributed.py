@@ -62,8 +62,10 @@ class DistributedDataParallel(nn.Module):
         check_reduction: deprecated in torch and ignored, as there.
         gradient_as_bucket_view: leave ``p.grad`` as views into the buckets (no copies).
         static_graph: accepted; the reducer needs no static-graph mode.
-        skip_all_reduce_unused_params, batched_grad_copy: torch's performance switches,
-            accepted; results are the same without them.
+        skip_all_reduce_unused_params: torch's performance switch, accepted; results are the
+            same without it.
+        batched_grad_copy: torch's performance switch, accepted; results are the same without
+            it.
         forward_sync_buffers: broadcast buffers from the first rank before each forward that
             follows a synchronised one (buffers are synced at init regardless).
 
@@ -205,10 +207,20 @@ class DistributedDataParallel(nn.Module):
 
         ``hook`` is a stateful compressor, ``model.register_comm_hook(None,
         hvd.Compression.powersgd(rank=4, start_iter=10))`` (also ``.topk(...)``,
-        ``.onebit()``), or torch's kind, ``hook(state, bucket) -> torch.futures.Future``
-        (torch's ``powerSGD_hook`` with its ``PowerSGDState``, which needs torch's default
-        process group: ``dist.init_process_group("mpitrain")``).  Call it once, before the
-        first backward; hooked buckets are reduced at the end of backward.
+        ``.onebit()``), or torch's kind, ``hook(state, bucket) -> torch.futures.Future``:
+        torch's own ``allreduce_hook``, ``fp16_compress_hook``, ``bf16_compress_hook``,
+        ``powerSGD_hook`` (with its ``PowerSGDState``), ``batched_powerSGD_hook`` and the
+        fp16/bf16 wrappers work after ``hvd.init()`` alone: with their process group None
+        they reduce over torch's default group, which the first hooked backward creates over
+        mpitrain when there is none (collective; a drop-in over a process set must give
+        them a torch group of its ranks instead).  Call it once, before the first backward;
+        hooked buckets are reduced at the end of backward.
+
+        Raises:
+            RuntimeError: a hook was registered already.
+            ValueError: with ``find_unused_parameters=True``, or a torch hook without a
+                group on a drop-in over a process set smaller than the job.
+            TypeError: ``hook`` is neither kind.
         """
         self.reducer.register_comm_hook(state, hook)
 

@@ -23,8 +23,9 @@ backward reduces everything accumulated since.
 A communication hook (``register_comm_hook``) replaces the averaged allreduce of each bucket:
 a stateful compressor of :mod:`mpitrain.compressors` (PowerSGD, top-k, 1-bit) averages the
 bucket's gradients itself, or a torch hook (``hook(state, bucket) -> Future``, torch's own
-``powerSGD_hook`` among them, which talk to torch's default process group) gets a
-:class:`GradBucket` with torch's methods.  A compressor's buckets begin as they fill, strictly
+``allreduce_hook``, ``fp16_compress_hook``, ``powerSGD_hook`` ... among them) gets a
+:class:`GradBucket` with torch's methods; torch's hooks whose group is None reduce over torch's
+default group, created over mpitrain when none exists (:mod:`.torch_hooks`).  A compressor's buckets begin as they fill, strictly
 in bucket order (PowerSGD sends its P factors while backward runs), and are advanced and
 finished at the end of backward; a torch hook runs for each bucket at the end of backward, in
 bucket order.  Either way every rank makes the hook's collectives in the same order.
@@ -42,15 +43,27 @@ from ....collectives import Handle
 from ....collectives.buckets import Bucket, gradient_buckets
 from ....compressors import GradientReducer
 from ....process_sets import ProcessSet
+from .torch_hooks import check_hook_group, ensure_default_group_for
 
 
 class GradBucket:
-    """torch.distributed.GradBucket's methods over one of the reducer's buckets."""
+    """torch.distributed.GradBucket's methods over one of the reducer's buckets.
+
+    The hook gets a copy of the bucket's gradients in memory torch owns: the bucket itself
+    lives in memory the engine allocated, which torch cannot resize, and torch's
+    ``batched_powerSGD_hook`` pads its buffer in place with ``resize_``.  As in torch's
+    reducer, ``set_buffer`` replaces the tensor the hook works on (torch's
+    ``fp16_compress_wrapper`` hands the wrapped hook a float16 copy this way), and
+    ``gradients()`` are views of whichever buffer is current; the reducer copies the hook's
+    result back into the bucket, converting its dtype.
+    """
 
     def __init__(self, bucket: Bucket, count: int) -> None:
         self._bucket = bucket
         self._count = count
-        self._buffer = bucket.flat[:bucket.numel]
+        self._buffer = bucket.flat[:bucket.numel].clone()
+        base = bucket.flat.storage_offset()
+        self._layout = [(v.storage_offset() - base, v.numel(), v.shape) for v in bucket.views]
 
     def index(self) -> int:
         return self._bucket.index
@@ -59,10 +72,10 @@ class GradBucket:
         return self._buffer
 
     def set_buffer(self, buffer: torch.Tensor) -> None:
-        self._buffer.copy_(buffer)
+        self._buffer = buffer
 
     def gradients(self) -> list[torch.Tensor]:
-        return list(self._bucket.views)
+        return [self._buffer[start:start + n].view(shape) for start, n, shape in self._layout]
 
     def parameters(self) -> list[torch.Tensor]:
         return list(self._bucket.params)
@@ -129,6 +142,7 @@ class Reducer:
         self._callback_queued = False
         self.submitted_in_backward = 0  # buckets sent from hooks, before backward ended
         self._comm_hook: Any = None  # a GradientReducer, or torch's (state, hook) pair
+        self._torch_group_checked = False  # a torch hook's default group made if needed
         # A GradientReducer's buckets: complete ones, and those begun (in bucket order).
         self._hook_ready: set[int] = set()
         self._begun: list[Any] = []
@@ -200,6 +214,7 @@ class Reducer:
         if isinstance(hook, GradientReducer):
             self._comm_hook = hook.bind(self._process_set)
         elif callable(hook):
+            check_hook_group(state, hook, self._process_set)
             self._comm_hook = (state, hook)
         else:
             raise TypeError(f"hook must be a callable hook(state, bucket) -> Future or a "
@@ -278,13 +293,15 @@ class Reducer:
             for i, started in enumerate(self._begun):
                 self._comm_hook.finish(started, last=i == count - 1)
             return
+        state, hook = self._comm_hook
+        if not self._torch_group_checked:
+            ensure_default_group_for(state, hook, self._process_set)
+            self._torch_group_checked = True
         for b in self.buckets:
-            state, hook = self._comm_hook
-            grad_bucket = GradBucket(b, count)
-            result = hook(state, grad_bucket).wait()
+            result = hook(state, GradBucket(b, count)).wait()
             result = result[0] if isinstance(result, (list, tuple)) else result
-            if result.data_ptr() != grad_bucket.buffer().data_ptr():
-                grad_bucket.buffer().copy_(result)
+            # A hook may answer in another dtype, or (resized) in a longer buffer.
+            b.flat[:b.numel].copy_(result.reshape(-1)[:b.numel])
 
     def _write_back(self, bucket: Bucket) -> None:
         flags = bucket.extra.tolist() if self._find_unused else None
