@@ -162,7 +162,8 @@ def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str 
     Args:
         local_layers: a Keras layer or layers whose trainable weights are local (their
             gradients are not reduced); None: none, the tape is a DistributedGradientTape.
-        (others): as for :func:`DistributedGradientTape`.
+
+    The other arguments are :func:`DistributedGradientTape`'s.
 
     Raises:
         ValueError: an entry of ``local_layers`` is not a Keras layer; as
