@@ -12,6 +12,9 @@ Kernels (one process), for buffers of 1 MiB .. 1 GiB:
 * ``pack``/``unpack``: the batched kernel over 64 tensors totalling S bytes: 2·S bytes moved;
 * ``reduce``: the two-input float32 sum with pre/post scaling: 3·S bytes moved;
 * ``reduce16``: the same in bfloat16 (float32 accumulation): 3·S bytes moved;
+* ``reduce_prepared``/``reduce16_prepared``: the same kernels launched as the data plane
+  launches them, prepared cupy RawKernels (``mpitrain.ops.cuda.launch``), not numba's dispatch
+  (CUDA events time from the host's launch on: a slow dispatch shows below 16 MiB);
 
 each reported in GB/s and as a fraction of ``copy`` measured in the same run (the issue's bar:
 at least 0.80 at 256 MiB).  CUDA events time the kernels; medians of ``--repeats``.
@@ -57,6 +60,7 @@ def _kernel_row(cupy: Any, size: int, repeats: int) -> dict[str, Any]:
     from mpitrain.dtypes import ReduceOp
     from mpitrain.ops import reference
     from mpitrain.ops.cuda import kernels as k
+    from mpitrain.ops.cuda import launch
     from mpitrain.ops.cuda.pack import Packer
 
     stream = cupy.cuda.get_current_stream()
@@ -88,9 +92,23 @@ def _kernel_row(cupy: Any, size: int, repeats: int) -> dict[str, Any]:
     x16, y16, o16 = nb(bits), nb(bits.copy()), nb(cupy.empty_like(bits))
     t_reduce16 = _time_events(cupy, lambda: k.reduce_buffers(
         [x16, y16], o16, "bfloat16", ReduceOp.SUM, 0.5, 2.0, None, nstream), repeats)
+    # The same reductions launched as the data plane launches them on a GPU: prepared cupy
+    # RawKernels of the same PTX (mpitrain.ops.cuda.launch), without numba's per-call dispatch.
+    prepared = launch.Launcher(launch.PreparedKernels(
+        cupy, launch.compute_capability(cupy, runtime.getDevice())), numba_cuda)
+    steps32 = k.reduce_steps(2, "float32", ReduceOp.SUM, 0.5, 2.0)
+    steps16 = k.reduce_steps(2, "bfloat16", ReduceOp.SUM, 0.5, 2.0)
+    out32, bits2, out16 = cupy.empty_like(src), bits.copy(), cupy.empty_like(bits)
+    t_prepared = _time_events(cupy, lambda: prepared.run(steps32, [src, dst], out32, None,
+                                                         stream), repeats)
+    t_prepared16 = _time_events(cupy, lambda: prepared.run(steps16, [bits, bits2], out16, None,
+                                                           stream), repeats)
+    prepared.close()
     row: dict[str, Any] = {"bytes": size, "copy_GBps": copy_bw / 1e9}
     for name, seconds, moved in (("pack", t_pack, 2), ("unpack", t_unpack, 2),
-                                 ("reduce", t_reduce, 3), ("reduce16", t_reduce16, 3)):
+                                 ("reduce", t_reduce, 3), ("reduce16", t_reduce16, 3),
+                                 ("reduce_prepared", t_prepared, 3),
+                                 ("reduce16_prepared", t_prepared16, 3)):
         bw = moved * size / seconds
         row[f"{name}_GBps"] = bw / 1e9
         row[f"{name}_of_copy"] = bw / copy_bw

@@ -25,7 +25,9 @@
 # 3b. hf: torch.distributed's "mpitrain" backend on CUDA tensors (every collective, send/recv,
 #    stock DDP on CUDA == on CPU) at 1, 2 and 4 ranks; Hugging Face's Trainer on the GPU through
 #    each mpitrain route and the run_glue-style example (one rank: Trainer puts rank r on GPU r);
-# 4. bench: benchmarks/gpu_allreduce.py: kernel throughput as a fraction of the device copy bandwidth
+#    the DDP drop-in's MPI suite launched directly at 2 and 4 ranks with its whole report;
+# 4. bench: benchmarks/gpu_host_overhead.py: host time per device allreduce, numba's dispatch
+#    beside the prepared launches; benchmarks/gpu_allreduce.py: kernel throughput as a fraction of the device copy bandwidth
 #    (1 MiB .. 1 GiB), allreduce algbw/busbw at 2 and 4 ranks beside host staging, and with
 #    1, 2 and 4 streams;
 # 5. train: training throughput on the GPU: the synthetic CNN benchmark and BERT-base with mpitrain
@@ -214,6 +216,18 @@ if wants tests; then
     for np in 2 4; do
         step "cnn_np$np" "${MPIRUN[@]}" -np "$np" "$PY" scripts/gpu_cnn_check.py
     done
+    # The DDP drop-in's whole MPI suite (its tests against torch DDP over Gloo and its GPU
+    # test) launched directly at 2 and 4 ranks, every test named with its outcome (-v -rA),
+    # ranks > 0's output in ddp_dropin_np<N>/<rank>.log, and a test that hangs stopped after
+    # 50 s with every thread's stack (pytest-timeout's thread method): a report that comes
+    # back whole, which the driver's (mpi_ddp_dropin_driver above) did not on the H200.
+    for np in 2 4; do
+        mkdir -p "$RESULTS/ddp_dropin_np$np"
+        LIMIT=170 step "ddp_dropin_np$np" env MPITRAIN_TEST_UNDER_MPI=1 \
+            MPITRAIN_TEST_LOGDIR="$RESULTS/ddp_dropin_np$np" "${MPIRUN[@]}" -np "$np" \
+            "$PY" tests/rank_pytest.py -v -rA -p no:cacheprovider --timeout=50 \
+            --timeout-method=thread tests/mpi/test_ddp_dropin.py
+    done
 fi
 if wants hf; then
     for np in 1 2 4; do
@@ -230,6 +244,13 @@ if wants hf; then
         --save_strategy no --seed 42 --max_documents 200
 fi
 if wants bench; then
+    # Host time per device allreduce (1 MiB; 1 and 64 tensors; each transport; 1 and 2
+    # channels), numba's dispatch beside the prepared launches, and where the time goes
+    # (issue 42: a 1 MiB allreduce at 2 ranks in at most 200 us).
+    for np in 2 1; do
+        step "host_overhead_np$np" "${MPIRUN[@]}" -np "$np" "$PY" \
+            benchmarks/gpu_host_overhead.py --repeats 50 --json "$RESULTS/host_overhead_np$np.json"
+    done
     step bench_kernels "$PY" benchmarks/gpu_allreduce.py --kernels \
         --json "$RESULTS/kernels.json"
     for np in 2 4; do

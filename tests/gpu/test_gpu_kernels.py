@@ -85,3 +85,67 @@ def test_batched_pack_and_unpack(cupy, dtype):
         assert bool((t == w).all())
     if dtype == np.float32:
         assert packer.unit >= 4
+
+
+def _launchers(cupy):
+    """(prepared launches for this GPU, numba's dispatch)."""
+    from numba import cuda
+
+    from mpitrain.ops.cuda import launch
+
+    device = cupy.cuda.runtime.getDevice()
+    return (launch.Launcher(launch.PreparedKernels(
+        cupy, launch.compute_capability(cupy, device)), cuda), launch.Launcher(None, cuda))
+
+
+def _run_both(cupy, steps, inputs, out_dtype, scratch_dtype):
+    """``steps`` run once prepared and once through numba's dispatch, each into its own
+    output; (prepared output, dispatched output) on the host.  Fails if any step's variant was
+    not really prepared (a silent fallback would make the comparison vacuous)."""
+    from mpitrain.ops.cuda import launch
+
+    prepared, dispatched = _launchers(cupy)
+    stream = cupy.cuda.Stream()
+    outs = []
+    for launcher in (prepared, dispatched):
+        out = cupy.empty(inputs[0].size, dtype=out_dtype)
+        scratch = cupy.empty(inputs[0].size, dtype=scratch_dtype)
+        launcher.run(steps, inputs, out, scratch, stream)
+        outs.append(out)
+        if launcher is prepared:
+            for step in steps:
+                buffers = kernels.step_buffers(step, inputs, out, scratch)
+                assert prepared.prepared.function(launch.variant(step, buffers)) is not None
+    stream.synchronize()
+    return [cupy.asnumpy(o) for o in outs]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64", "int8", "int32",
+                                   "int64", "uint8", "bool"])
+@pytest.mark.parametrize("op", [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT])
+@pytest.mark.parametrize("count", [1, 2, 4])
+def test_prepared_launches_give_numba_dispatchs_bits(cupy, dtype, op, count):
+    """numba's kernels launched as cupy RawKernels (mpitrain.ops.cuda.launch, the default on
+    a GPU) write exactly what numba's own launch of the same kernel writes, and the reference."""
+    kind = "uint8" if dtype == "bool" else dtype
+    hosts = [(_data("int8", s) % 2).astype(bool) if dtype == "bool" else _data(dtype, s)
+             for s in range(count)]
+    inputs = [cupy.asarray(h) for h in hosts]
+    pre, post = (1.0, 1.0) if dtype == "bool" else (0.5, 3.0)
+    steps = kernels.reduce_steps(count, dtype, op, pre, post)
+    got, dispatched = _run_both(cupy, steps, inputs, STORAGE[dtype],
+                                kernels.accumulator_dtype(kind))
+    np.testing.assert_array_equal(got.view(np.uint8), dispatched.view(np.uint8))
+    expect = reference.reduce(hosts, dtype, op, pre, post)
+    np.testing.assert_array_equal(got.view(np.uint8), np.asarray(expect).view(np.uint8))
+
+
+@pytest.mark.parametrize(("src", "dst"), [("float32", "float16"), ("float32", "bfloat16"),
+                                          ("bfloat16", "float32"), ("float16", "float32")])
+def test_prepared_casts_give_numba_dispatchs_bits(cupy, src, dst):
+    host = _data(src, 9)
+    got, dispatched = _run_both(cupy, [kernels.cast_step(src, dst, 0.25)], [cupy.asarray(host)],
+                                STORAGE[dst], np.float32)
+    np.testing.assert_array_equal(got.view(np.uint8), dispatched.view(np.uint8))
+    want = reference.narrow(reference.widen(host, src) * 0.25, dst)
+    np.testing.assert_array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8))

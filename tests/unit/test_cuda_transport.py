@@ -73,6 +73,8 @@ def test_the_real_library_of_this_machine_answers():
 
 @pytest.mark.parametrize(("args", "want"), [
     ((False, 4, 1, True), [("allreduce", Transport.CUDA_IPC)]),
+    ((True, 1, 1, False), [("allreduce", Transport.LOCAL)]),
+    ((False, 1, 1, True), [("allreduce", Transport.LOCAL)]),
     ((True, 1, 4, True), [("allreduce", Transport.CUDA_AWARE_MPI)]),
     ((False, 1, 4, True), [("allreduce", Transport.HOST_STAGING)]),
     ((True, 4, 2, False), [("allreduce", Transport.CUDA_AWARE_MPI)]),
@@ -87,6 +89,8 @@ def test_choose(args, want):
 def test_choose_respects_a_forced_algorithm():
     assert transport.choose(True, 4, 1, True, "mpi") == [("allreduce", Transport.CUDA_AWARE_MPI)]
     assert transport.choose(False, 4, 2, True, "shm") == [("allreduce", Transport.HOST_STAGING)]
+    # A world of one moves nothing, whatever algorithm was named (as the CPU's "alone" row).
+    assert transport.choose(False, 1, 1, False, "ring") == [("allreduce", Transport.LOCAL)]
     with pytest.raises(ValueError, match="'nccl'"):
         transport.choose(True, 4, 1, True, "nccl")
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import itertools
+import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -51,26 +53,67 @@ def require_cupy(what: str) -> Any:
     return require(what)
 
 
-def mark_ready(stream_pointers: Sequence[int]) -> list[tuple[Any, Any]]:
+class ReadyMark(NamedTuple):
+    """An event recorded on a framework stream when a request was submitted.
+
+    ``order`` numbers every mark of this process in the order they were recorded: of two marks
+    on one stream, the later one's event completes only after the earlier one's, so waiting
+    for the latest mark of each stream is waiting for all of them.
+    """
+
+    event: Any
+    stream: Any
+    pointer: int
+    order: int
+
+
+_marks = itertools.count()
+_marking = threading.Lock()
+
+
+@functools.lru_cache(maxsize=64)
+def _external_stream(pointer: int) -> Any:
+    """One cupy view per framework stream, made once (one process drives one GPU): the same
+    object each time, so a bucket's requests on one stream are seen to share it."""
+    cupy = require("a collective on CUDA tensors")
+    return cupy.cuda.Stream.null if pointer == 0 else cupy.cuda.ExternalStream(pointer)
+
+
+def mark_ready(stream_pointers: Sequence[int]) -> list[ReadyMark]:
     """Record an event on each framework stream, now, on the submitting thread.
 
     The device allreduce waits for these before reading the tensors (so it never reads a
     gradient the backward pass has not written yet) and makes the same streams wait for its
-    results.  Returns (event, stream) pairs, one per distinct stream.
+    results.  Returns one mark per distinct stream.
     """
     cupy = require("a collective on CUDA tensors")
     marks = []
     for pointer in dict.fromkeys(stream_pointers):
-        stream = cupy.cuda.Stream.null if pointer == 0 else cupy.cuda.ExternalStream(pointer)
+        stream = _external_stream(int(pointer))
         event = cupy.cuda.Event(block=False, disable_timing=True)
-        event.record(stream)
-        marks.append((event, stream))
+        with _marking:  # the number says when the record was enqueued, among all threads
+            event.record(stream)
+            marks.append(ReadyMark(event, stream, int(pointer), next(_marks)))
     return marks
+
+
+def latest_marks(requests: Sequence[Any]) -> list[ReadyMark]:
+    """The last mark of each framework stream among ``requests``' (one wait per stream, not
+    one per request: a bucket of hundreds of gradients waits on as many streams as it has)."""
+    latest: dict[int, ReadyMark] = {}
+    for request in requests:
+        for mark in (getattr(request, "ready", None) or ()):
+            seen = latest.get(mark.pointer)
+            if seen is None or mark.order > seen.order:
+                latest[mark.pointer] = mark
+    return list(latest.values())
 
 
 def to_device(array: Any) -> Any:
     """A cupy view of a device array; a host array (a joined rank's zeros) is uploaded."""
     cupy = require("a collective on CUDA tensors")
+    if isinstance(array, cupy.ndarray):  # the engine's entries already are: no new object
+        return array
     if hasattr(array, "__cuda_array_interface__"):
         return cupy.asarray(array)
     uploaded = cupy.asarray(array)
@@ -109,19 +152,17 @@ class DeviceLayer:
         if op == ReduceOp.ADASUM:
             self._adasum_staged(inputs, outputs, requests, dtype, prescale, postscale)
             return
-        ready, streams = [], []
-        seen: set[int] = set()
-        for request in requests:
-            for event, stream in (getattr(request, "ready", None) or ()):
-                ready.append(event)
-                if id(stream) not in seen:
-                    seen.add(id(stream))
-                    streams.append(stream)
+        marks = latest_marks(requests)
+        ready = [mark.event for mark in marks]
+        streams = [mark.stream for mark in marks]
         if not streams:  # a joined rank: no framework stream of its own to order against
             streams = [require("a collective on CUDA tensors").cuda.get_current_stream()]
         dg = self._dg(inputs)
         with dg.on_device():  # a joined rank's zeros are uploaded to this rank's GPU
-            dg.allreduce([to_device(x) for x in inputs], [to_device(x) for x in outputs],
+            # The engine's entries are cupy arrays already: no call per tensor for them.
+            kind = dg.cupy.ndarray
+            dg.allreduce([x if type(x) is kind else to_device(x) for x in inputs],
+                         [x if type(x) is kind else to_device(x) for x in outputs],
                          dtype, op, prescale, postscale, ready, streams)
 
     def _adasum_staged(self, inputs: Sequence[Any], outputs: Sequence[Any],
@@ -129,9 +170,8 @@ class DeviceLayer:
                        postscale: float) -> None:
         """Adasum of device arrays on host copies (no device kernels for it, as in Horovod
         built without NCCL): packed on the host, reduced by the CPU data plane, copied back."""
-        for request in requests:
-            for event, _stream in (getattr(request, "ready", None) or ()):
-                event.synchronize()  # the producer's writes, before the download
+        for mark in latest_marks(requests):
+            mark.event.synchronize()  # the producer's writes, before the download
         hosts = [to_host(x).reshape(-1) for x in inputs]
         counts = [h.size for h in hosts]
         fused = np.concatenate(hosts) if hosts else np.empty(0, dtype=STORAGE[dtype])

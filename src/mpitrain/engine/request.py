@@ -110,7 +110,7 @@ class Request:
     device: str = "cpu"
     process_set_id: int = 0
     payload: Any = None  # control requests: the ranks of a set to add / the id to remove
-    ready: Any = None  # CUDA: (event, stream) pairs recorded at submission (engine.device)
+    ready: Any = None  # CUDA: events recorded at submission (engine.device.ReadyMark)
     handle: Handle | None = None
     submitted_at: float = field(default_factory=time.monotonic)
 

@@ -13,7 +13,12 @@ reaches that point in the same order, so the communicators it duplicates match).
 3. the packing stream waits for every channel, unpacks in one launch, and the framework's
    streams wait for that: ``step()`` sees the results, the host never waited for the device.
 
-A single tensor that the transport can reduce where it lies skips steps 1 and 3.
+A single tensor that the transport can reduce where it lies skips steps 1 and 3.  A world of
+one moves nothing: a bucket with no scaling costs no device work at all, otherwise one launch
+(or pack, scale, unpack).  Kernels launch through :mod:`.launch` (prepared, not numba's
+per-call dispatch), and every per-layout object (the pack tables, window views, kernel
+arguments) is made once per layout: ``tests/mpi/test_device_budget.py`` holds each transport
+to its count of launches, waits, synchronisations and allocations per bucket.
 
 With ``MPITRAIN_DETERMINISTIC`` a floating-point reduction gives the CPU data plane's bits:
 ``fixed-point`` packs a Sum's bucket into scratch, turns it into integers on the device
@@ -42,7 +47,7 @@ from ..algorithms import allreduce as host_allreduce
 from ..group import Group
 from ..reduction import Reduction
 from ..scratch import Scratch
-from . import fixed_point, ipc, kernels, streams, transport
+from . import fixed_point, ipc, kernels, launch, streams, transport
 from .pack import Packer
 from .probe import require
 from .streams import Channel, Channels, CupyStreams
@@ -74,12 +79,15 @@ class DeviceGroup:
     """The GPU data plane of one process set on this rank."""
 
     def __init__(self, group: Group, cuda_aware: bool,
-                 force: transport.Transport | None = None, device: int | None = None) -> None:
+                 force: transport.Transport | None = None, device: int | None = None,
+                 launcher: launch.Launcher | None = None) -> None:
         """Args:
             cuda_aware: whether MPI takes device pointers (detected at init).
             force: one transport for the whole allreduce instead of the topology's choice
                 (benchmarks compare host staging with the chosen path this way).
             device: the GPU this rank drives (default: the calling thread's current one).
+            launcher: how kernels launch (default :func:`.launch.default_launcher`; tests
+                and benchmarks compare numba's dispatch with prepared launches this way).
         """
         self.cupy = require("allreduce of CUDA tensors")
         import cupyx  # optional: CPU-only installs have no cupy; require() vouched for it
@@ -95,6 +103,9 @@ class DeviceGroup:
         self.channels = Channels(self.backend, [group.comm.Dup() for _ in range(channels)])
         self.local_comms = [group.comms.local.Dup() for _ in range(channels)]
         self.cross_comms = [group.comms.cross.Dup() for _ in range(channels)]
+        # What mpi_ops needs of each channel's communicators, asked of MPI once, not per call.
+        self._channel_groups = [_CommGroup(c.comm) for c in self.channels.channels]
+        self._cross_groups = [_CommGroup(c) for c in self.cross_comms]
         ipc_usable = topo.local_size > 1 and topo.is_homogeneous
         self.phases = transport.choose(cuda_aware, topo.local_size, topo.num_nodes, ipc_usable,
                                        group.config.allreduce_algorithm)
@@ -103,6 +114,7 @@ class DeviceGroup:
         self.rank_order = group.config.deterministic == "rank-order"
         if self.rank_order:  # the CPU folds every bucket, whatever was forced (module docs)
             self.phases = [("allreduce", transport.Transport.HOST_STAGING)]
+        self.alone = self.phases[0][1] == transport.Transport.LOCAL
         self.uses_ipc = self.phases[0][1] == transport.Transport.CUDA_IPC
         # How data crosses MPI: the cross-node phase of the hierarchical allreduce, or the
         # whole allreduce (staging/CUDA-aware); None when IPC alone does the job.
@@ -110,7 +122,10 @@ class DeviceGroup:
         self.across = self.cross if self.cross is not None else self.phases[0][1]
         self.window = (ipc.Window(ipc.CupyIpc(self.cupy), self.local_comms[0])
                        if self.uses_ipc else None)
+        self.launcher = (launch.default_launcher(self.cupy, numba_cuda, self.device)
+                         if launcher is None else launcher)
         self._fusion: Any = None
+        self._fused_views: dict[tuple[int, str], Any] = {}
         self._packers: dict[tuple[Any, ...], Packer] = {}
         self._scratch: dict[tuple[int | str, str], Any] = {}
         self._host_scratch: dict[int, Scratch] = {}
@@ -140,16 +155,31 @@ class DeviceGroup:
         """
         self.cupy.cuda.runtime.deviceSynchronize()
 
-    def _fusion_buffer(self, nbytes: int) -> Any:
+    def _fusion_buffer(self, nbytes: int, storage: np.dtype) -> Any:
+        """The fusion buffer's first ``nbytes`` as ``storage`` elements (the IPC window when
+        the node shares one); one view per size, made once while the buffer lives."""
         if self.window is not None:
             if nbytes > self.window.capacity:
                 self._idle()
+            exchanges = self.window.exchanges
             self.window.ensure(nbytes)
-            return self.window.runtime.view(self.window.own, np.dtype(np.uint8), 0, nbytes)
-        if self._fusion is None or self._fusion.nbytes < nbytes:
+            if self.window.exchanges != exchanges:
+                self._fused_views.clear()  # views of the window that was just replaced
+        elif self._fusion is None or self._fusion.nbytes < nbytes:
             self._idle()
             self._fusion = self.cupy.empty(max(nbytes, 1 << 20), dtype=np.uint8)
-        return self._fusion[:nbytes]
+            self._fused_views.clear()
+        key = (nbytes, storage.str)
+        view = self._fused_views.get(key)
+        if view is None:
+            if len(self._fused_views) > 256:  # sizes change (new layouts): keep it small
+                self._fused_views.clear()
+            if self.window is not None:
+                whole = self.window.runtime.view(self.window.own, np.dtype(np.uint8), 0, nbytes)
+            else:
+                whole = self._fusion[:nbytes]
+            view = self._fused_views[key] = whole.view(storage)
+        return view
 
     def _scratch_for(self, channel: Channel, dtype: np.dtype, count: int) -> Any:
         return self._named(channel.index, dtype, count)
@@ -177,26 +207,14 @@ class DeviceGroup:
         return hosts
 
     # ------------------------------------------------------------------ device work
-    def _numba(self, array: Any) -> Any:
-        if kernels.simulated():
-            # numba's CUDA simulator (CPU tests over a fake device, whose "device" memory is
-            # host memory) takes host arrays and has no from_cuda_array_interface.
-            return np.asarray(array)
-        return self.numba_cuda.from_cuda_array_interface(array.__cuda_array_interface__,
-                                                         owner=array, sync=False)
-
-    def _numba_stream(self, stream: Any) -> Any:
-        if kernels.simulated():
-            return 0
-        return self.numba_cuda.external_stream(stream.ptr)
-
     def reduce(self, channel: Channel, inputs: list[Any], out: Any, dtype: str, op: ReduceOp,
                prescale: float, postscale: float) -> None:
-        kind = "uint8" if dtype == "bool" else dtype
-        scratch = self._scratch_for(channel, kernels.accumulator_dtype(kind), int(out.size))
-        stream = self._numba_stream(channel.stream)
-        kernels.reduce_buffers([self._numba(x) for x in inputs], self._numba(out), dtype, op,
-                               prescale, postscale, self._numba(scratch), stream)
+        steps = kernels.reduce_steps(len(inputs), dtype, op, prescale, postscale)
+        scratch = None
+        if len(inputs) > 2:  # only then does a step keep an accumulator between launches
+            kind = "uint8" if dtype == "bool" else dtype
+            scratch = self._scratch_for(channel, kernels.accumulator_dtype(kind), int(out.size))
+        self.launcher.run(steps, inputs, out, scratch, channel.stream)
 
     def memcpy(self, dst: Any, src: Any, stream: Any) -> None:
         runtime = self.cupy.cuda.runtime
@@ -255,17 +273,15 @@ class DeviceGroup:
         # accumulation as everywhere else), narrowing with the postscale fused in.
         work = self._scratch_for(channel, np.dtype(np.float32), int(buf.size)) if wide else buf
         if wide:
-            kernels_stream = self._numba_stream(channel.stream)
-            kernels.cast(self._numba(buf), self._numba(work), dtype, "float32", prescale,
-                         kernels_stream)
+            self.launcher.run([kernels.cast_step(dtype, "float32", prescale)], [buf], work, None,
+                              channel.stream)
         elif prescale != 1.0:
             self.reduce(channel, [buf], buf, dtype, ReduceOp.SUM, prescale, 1.0)
         channel.stream.synchronize()  # MPI reads device memory outside any stream
         comm.Allreduce(MPI.IN_PLACE, work, op=mpi_op)
         if wide:
-            kernels_stream = self._numba_stream(channel.stream)
-            kernels.cast(self._numba(work), self._numba(buf), "float32", dtype, postscale,
-                         kernels_stream)
+            self.launcher.run([kernels.cast_step("float32", dtype, postscale)], [work], buf, None,
+                              channel.stream)
         elif postscale != 1.0:
             self.reduce(channel, [buf], buf, dtype, ReduceOp.SUM, 1.0, postscale)
 
@@ -325,11 +341,13 @@ class DeviceGroup:
             values = inputs[0]
         else:  # not the IPC window: the integer buckets below go through it
             values = self._named("fixed.values", storage, count)
-            self._packer(inputs, values.view(np.uint8)).pack(values.view(np.uint8), stream)
+            self._packer(_addressed(inputs), values.view(np.uint8)).pack(values.view(np.uint8),
+                                                                         stream)
         exps = self._named("fixed.exps", STORAGE[lay.exps], count)
         words = self._named("fixed.words", STORAGE[lay.word], count * lay.words)
-        on = self._numba_stream(stream)
-        v, e, w = self._numba(values), self._numba(exps), self._numba(words)
+        # The codec's kernels launch through numba's dispatch (few launches per bucket).
+        on = self.launcher.numba_stream(stream)
+        v, e, w = (self.launcher.numba_array(a) for a in (values, exps, words))
         kernels.launch(fixed_point.exponents_kernel(how.dtype), count, on, v, e, count,
                        how.prescale)
         self._allreduce([exps], [exps], STORAGE[lay.exps], count, lay.exps, ReduceOp.MAX,
@@ -341,7 +359,8 @@ class DeviceGroup:
         kernels.launch(fixed_point.decode_kernel(how.dtype), count, on, w, e, v, count,
                        how.postscale)
         if not in_place_single:
-            self._packer(outputs, values.view(np.uint8)).unpack(values.view(np.uint8), stream)
+            self._packer(_addressed(outputs), values.view(np.uint8)).unpack(
+                values.view(np.uint8), stream)
         done = self.backend.record(stream)
         for framework_stream in framework_streams:
             self.backend.wait(framework_stream, done)
@@ -349,19 +368,42 @@ class DeviceGroup:
     def _allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any], storage: np.dtype,
                    count: int, dtype: str, op: ReduceOp, prescale: float, postscale: float,
                    ready: Sequence[Any], framework_streams: Sequence[Any]) -> None:
+        # Each tensor's address is read once per call (the pack tables are keyed by them).
+        ins = tuple([int(x.data.ptr) for x in inputs])
+        outs = ins if outputs is inputs else tuple([int(y.data.ptr) for y in outputs])
+        in_place = ins == outs
+        if self.alone and in_place and (dtype == "bool" or prescale == postscale == 1.0):
+            return  # a world of one, nothing to scale: the result is the input already
         pack_channel = self.channels.channels[0]
         pack_stream = pack_channel.stream
         for event in ready:
             self.backend.wait(pack_stream, event)
-        in_place_single = (len(inputs) == 1 and self.window is None
-                           and int(inputs[0].data.ptr) == int(outputs[0].data.ptr))
-        if in_place_single:
-            fused = inputs[0]
+        if self.alone and len(inputs) == 1:
+            # One launch, input to output, on the stream that waited for the producer.
+            self.reduce(pack_channel, [inputs[0]], outputs[0], dtype, op, prescale, postscale)
         else:
-            fused_bytes = self._fusion_buffer(count * storage.itemsize)
-            fused = fused_bytes.view(storage)
-            self._packer(inputs, fused_bytes).pack(fused_bytes, pack_stream)
-        packed = self.backend.record(pack_stream)
+            self._fused((inputs, ins), (outputs, outs), count,
+                        (storage, dtype, op, prescale, postscale))
+        done = self.backend.record(pack_stream)
+        for stream in framework_streams:
+            self.backend.wait(stream, done)
+
+    def _fused(self, inputs: tuple[Sequence[Any], tuple[int, ...]],
+               outputs: tuple[Sequence[Any], tuple[int, ...]], count: int,
+               how: tuple[np.dtype, str, ReduceOp, float, float]) -> None:
+        """Pack (unless one tensor can be reduced where it lies), reduce on the channels,
+        unpack; all ordered on channel 0's stream, which waited for the producer.
+
+        ``inputs`` and ``outputs`` are the arrays with their addresses."""
+        storage, dtype, op, prescale, postscale = how
+        pack_stream = self.channels.channels[0].stream
+        in_place_single = (len(inputs[0]) == 1 and self.window is None
+                           and inputs[1] == outputs[1])
+        if in_place_single:
+            fused = inputs[0][0]
+        else:
+            fused = self._fusion_buffer(count * storage.itemsize, storage)
+            self._packer(inputs, fused).pack(fused, pack_stream)
         align = max(1, 256 // storage.itemsize)
 
         def work(channel: Channel, start: int, stop: int) -> None:
@@ -369,36 +411,38 @@ class DeviceGroup:
                 self._slice(channel, fused, dtype, op, prescale, postscale, start, stop, align)
 
         min_chunk = max(1, streams.MIN_CHUNK_BYTES // storage.itemsize)
-        self.channels.run(pack_stream, packed, count, work, align, min_chunk,
-                          join=[pack_stream])
+        # ready=None: Channels records one only if a channel runs on another stream.
+        self.channels.run(pack_stream, None, count, work, align, min_chunk, join=[pack_stream])
         if not in_place_single:
-            self._packer(outputs, fused.view(np.uint8)).unpack(fused.view(np.uint8), pack_stream)
-        done = self.backend.record(pack_stream)
-        for stream in framework_streams:
-            self.backend.wait(stream, done)
+            self._packer(outputs, fused).unpack(fused, pack_stream)
 
     def _slice(self, channel: Channel, fused: Any, dtype: str, op: ReduceOp, prescale: float,
                postscale: float, start: int, stop: int, align: int) -> None:
         i = channel.index
+        if self.alone:  # a fused bucket at a world of one: only its scaling
+            part = fused[start:stop]
+            self.reduce(channel, [part], part, dtype, op, prescale, postscale)
+            return
         if self.window is None:
-            host_group = self.group if i == 0 else _CommGroup(channel.comm)
+            host_group = self.group if i == 0 else self._channel_groups[i]
             self._over_mpi(channel, channel.comm, host_group, fused[start:stop], dtype, op,
                            prescale, postscale)
             return
         cross = None
         if self.cross is not None:
-            cross_comm = self.cross_comms[i]
+            cross_comm, cross_group = self.cross_comms[i], self._cross_groups[i]
 
             def cross(lo: int, hi: int) -> None:
-                self._over_mpi(channel, cross_comm, _CommGroup(cross_comm), fused[lo:hi], dtype,
-                               op, 1.0, 1.0)
+                self._over_mpi(channel, cross_comm, cross_group, fused[lo:hi], dtype, op, 1.0,
+                               1.0)
         ipc.allreduce(self.window, _Ops(self, channel), dtype, op, start, stop, prescale,
                       postscale, lambda lo, hi: fused[lo:hi], cross=cross, align=align,
                       comm=self.local_comms[i])
 
-    def _packer(self, arrays: Sequence[Any], fused: Any) -> Packer:
-        addresses = tuple(int(a.data.ptr) for a in arrays)
-        nbytes = tuple(int(a.nbytes) for a in arrays)
+    def _packer(self, arrays: tuple[Sequence[Any], tuple[int, ...]], fused: Any) -> Packer:
+        """The Packer of a layout: ``arrays`` are the tensors with their addresses."""
+        addresses = arrays[1]
+        nbytes = tuple([int(a.nbytes) for a in arrays[0]])
         key = (addresses, nbytes, int(fused.data.ptr))
         packer = self._packers.get(key)
         if packer is None:
@@ -421,6 +465,13 @@ class DeviceGroup:
         self._scratch.clear()
         self._host_scratch.clear()
         self._pinned.clear()
+        self._fused_views.clear()
+        self.launcher.close()
+
+
+def _addressed(arrays: Sequence[Any]) -> tuple[Sequence[Any], tuple[int, ...]]:
+    """Arrays with their device addresses, as :meth:`DeviceGroup._packer` takes them."""
+    return arrays, tuple([int(a.data.ptr) for a in arrays])
 
 
 class _CommGroup:

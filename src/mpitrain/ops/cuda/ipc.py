@@ -33,6 +33,7 @@ from ...dtypes import STORAGE, ReduceOp
 from ..slices import balanced as owner_slices
 
 MIN_WINDOW_BYTES = 1 << 20  # the first window; later ones at least double
+_MAX_CACHED_VIEWS = 4096  # (dtype, range) pairs kept; a few per channel and layout in practice
 
 
 class IpcRuntime(Protocol):
@@ -74,6 +75,9 @@ class Window:
     own: Any = None
     peers: list[Any] = field(default_factory=list)  # index = local rank; own at own index
     exchanges: int = 0
+    # Views of the windows by (dtype, lo, hi): a bucket layout repeats every step, and making
+    # a device array view is a few microseconds of Python each (p of them per phase).
+    _views: dict[tuple[str, int, int], list[Any]] = field(default_factory=dict, repr=False)
 
     @property
     def rank(self) -> int:
@@ -107,11 +111,19 @@ class Window:
 
     def views(self, dtype: str, lo: int, hi: int) -> list[Any]:
         """Every rank's window slice [lo, hi) (elements of ``dtype``), in local-rank order."""
-        storage = STORAGE[dtype]
-        return [self.runtime.view(m, storage, lo * storage.itemsize, hi - lo)
+        key = (dtype, lo, hi)
+        found = self._views.get(key)
+        if found is None:
+            if len(self._views) >= _MAX_CACHED_VIEWS:
+                self._views.clear()
+            storage = STORAGE[dtype]
+            found = self._views[key] = [
+                self.runtime.view(m, storage, lo * storage.itemsize, hi - lo)
                 for m in self.peers]
+        return found
 
     def _release(self, barrier: bool) -> None:
+        self._views.clear()  # they view the memory released below
         for r, memory in enumerate(self.peers):
             if r != self.rank:
                 self.runtime.close(memory)

@@ -32,7 +32,7 @@ import functools
 import importlib
 import os
 import threading
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from numba import types as numba_types
@@ -321,6 +321,93 @@ def storage_op(dtype: str, op: ReduceOp) -> ReduceOp:
     return op
 
 
+# Where a step reads or writes, besides the inputs (numbered from 0).
+SCRATCH = -1
+OUT = -2
+
+
+class Step(NamedTuple):
+    """One kernel launch of a reduction or cast: the variant, and what it reads and writes.
+
+    ``family`` is ``combine`` (two inputs) or ``scale`` (one); ``kinds`` the factory's kind
+    arguments; ``reads`` input indices (or :data:`SCRATCH`); ``writes`` :data:`OUT` or
+    :data:`SCRATCH`; ``scales`` the kernel's scale arguments, in order.  numba's dispatch
+    (:func:`launch_step`) and the prepared path (:mod:`.launch`) run the same steps, so both
+    launch exactly the kernels that :mod:`.ptx` compiles and CI checks.
+    """
+
+    family: str
+    kinds: tuple[str, ...]
+    op: ReduceOp | None
+    reads: tuple[int, ...]
+    writes: int
+    scales: tuple[float, ...]
+
+
+def reduce_steps(count: int, dtype: str, op: ReduceOp, prescale: float,
+                 postscale: float) -> list[Step]:
+    """The launches reducing ``count`` equally long buffers of ``dtype`` into the output.
+
+    Raises:
+        ValueError: ``op`` is not Sum/Min/Max/Product, or ``count`` is below 1.
+    """
+    if op not in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
+        raise ValueError(f"reduce_buffers takes Sum/Min/Max/Product, not {op!r}")
+    if count < 1:
+        raise ValueError(f"a reduction needs at least 1 buffer, got {count}")
+    kind = "uint8" if dtype == "bool" else dtype
+    op = storage_op(dtype, op)
+    if dtype == "bool":
+        prescale = postscale = 1.0
+    if count == 1:
+        return [Step("scale", (kind, kind), None, (0,), OUT, (prescale, postscale))]
+    steps = []
+    for a, b, kind_a, kind_out, last in reduce_plan(count, kind):
+        first = a >= 0
+        steps.append(Step("combine", (kind_a, kind, kind_out), op,
+                          (a if first else SCRATCH, b), OUT if last else SCRATCH,
+                          (prescale if first else 1.0, prescale, postscale if last else 1.0)))
+    return steps
+
+
+def cast_step(dtype_in: str, dtype_out: str, scale: float = 1.0) -> Step:
+    """The launch converting a buffer of ``dtype_in`` into ``dtype_out``, times ``scale``.
+
+    Raises:
+        TypeError: either type is not floating.
+    """
+    for name in (dtype_in, dtype_out):
+        if name not in FLOATING:
+            raise TypeError(f"cast converts floating types, got {name!r}")
+    return Step("scale", (dtype_in, dtype_out), None, (0,), OUT, (scale, 1.0))
+
+
+def step_buffers(step: Step, inputs: list[Any], out: Any, scratch: Any) -> list[Any]:
+    """The arrays ``step`` takes, in the kernel's order: what it reads, then what it writes."""
+    def pick(index: int) -> Any:
+        return scratch if index == SCRATCH else out if index == OUT else inputs[index]
+
+    return [pick(i) for i in (*step.reads, step.writes)]
+
+
+def step_kernel(step: Step) -> Any:
+    """The numba kernel (dispatcher) of ``step``."""
+    if step.family == "combine":
+        assert step.op is not None
+        kind_a, kind_b, kind_out = step.kinds
+        return combine_kernel(kind_a, kind_b, kind_out, step.op)
+    return scale_kernel(*step.kinds)
+
+
+def launch_step(step: Step, buffers: list[Any], n: int, stream: Any = 0,
+                threads: int | None = None, max_blocks: int | None = None) -> None:
+    """Launch ``step`` over ``n`` elements of numba arrays (or anything numba accepts) through
+    numba's dispatch."""
+    blocks, threads = launch_shape(n, threads or THREADS, max_blocks or MAX_BLOCKS)
+    with _launching:  # in the simulator, also while compiling: a running kernel swaps `cuda`
+        step_kernel(step)[blocks, threads, stream](*buffers, n, *step.scales)
+
+
 def reduce_buffers(inputs: list[Any], out: Any, dtype: str, op: ReduceOp, prescale: float,
                    postscale: float, scratch: Any, stream: Any = 0,
                    threads: int | None = None, max_blocks: int | None = None) -> None:
@@ -334,40 +421,17 @@ def reduce_buffers(inputs: list[Any], out: Any, dtype: str, op: ReduceOp, presca
             used only when there are more than two inputs.
         stream: the stream to launch on (a numba stream).
     """
-    if op not in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
-        raise ValueError(f"reduce_buffers takes Sum/Min/Max/Product, not {op!r}")
     n = int(out.shape[0])
-    blocks, threads = launch_shape(n, threads or THREADS, max_blocks or MAX_BLOCKS)
-    kind = "uint8" if dtype == "bool" else dtype
-    op = storage_op(dtype, op)
-    if dtype == "bool":
-        prescale = postscale = 1.0
-    if len(inputs) == 1:
-        with _launching:
-            scale_kernel(kind, kind)[blocks, threads, stream](inputs[0], out, n, prescale,
-                                                              postscale)
-        return
-    for a, b, kind_a, kind_out, last in reduce_plan(len(inputs), kind):
-        first = a >= 0
-        src_a = inputs[a] if first else scratch
-        dst = out if last else scratch
-        kernel = combine_kernel(kind_a, kind, kind_out, op)
-        with _launching:
-            kernel[blocks, threads, stream](src_a, inputs[b], dst, n,
-                                            prescale if first else 1.0, prescale,
-                                            postscale if last else 1.0)
+    for step in reduce_steps(len(inputs), dtype, op, prescale, postscale):
+        launch_step(step, step_buffers(step, inputs, out, scratch), n, stream, threads,
+                    max_blocks)
 
 
 def cast(src: Any, out: Any, dtype_in: str, dtype_out: str, scale: float = 1.0,
          stream: Any = 0, threads: int | None = None, max_blocks: int | None = None) -> None:
     """Convert ``src`` to ``out`` (fp16/bf16 compression and back), times ``scale``."""
-    for name in (dtype_in, dtype_out):
-        if name not in FLOATING:
-            raise TypeError(f"cast converts floating types, got {name!r}")
-    n = int(src.shape[0])
-    blocks, threads = launch_shape(n, threads or THREADS, max_blocks or MAX_BLOCKS)
-    with _launching:
-        scale_kernel(dtype_in, dtype_out)[blocks, threads, stream](src, out, n, scale, 1.0)
+    launch_step(cast_step(dtype_in, dtype_out, scale), [src, out], int(src.shape[0]), stream,
+                threads, max_blocks)
 
 
 def loader(kind: str) -> Any:
@@ -403,6 +467,7 @@ def simulated() -> bool:
     return _SIMULATED
 
 
-__all__ = ["accumulator_dtype", "accumulator_kind", "cast", "combine_kernel", "jit", "launch",
-           "launch_shape", "loader", "device_types", "reduce_buffers", "reduce_plan",
-           "scale_kernel", "simulated", "storer"]
+__all__ = ["OUT", "SCRATCH", "Step", "accumulator_dtype", "accumulator_kind", "cast", "cast_step",
+           "combine_kernel", "device_types", "jit", "launch", "launch_shape", "launch_step",
+           "loader", "reduce_buffers", "reduce_plan", "reduce_steps", "scale_kernel",
+           "simulated", "step_buffers", "step_kernel", "storer"]

@@ -104,32 +104,41 @@ class Channels:
             min_chunk: int = 1, join: Sequence[Any] | None = None) -> list[Any]:
         """Run ``work(channel, start, stop)`` for each slice of ``count`` elements.
 
+        A channel whose stream is the framework's own (channel 0's stream, when the caller
+        packs on it) neither waits for ``ready`` nor is waited for by that stream: the stream's
+        order already serialises it, and each such event would be a driver call for nothing.
+
         Args:
             framework_stream: the stream the tensors' producer and consumer run on.
             ready: an event recorded on it after the tensors were written, or None to record
-                one now.
+                one now (only if some channel runs on another stream).
             work: enqueues the slice's kernels on ``channel.stream`` and does its
                 communication on ``channel.comm``.
             join: the streams made to wait for every channel (default: the framework's).
 
         Returns:
-            The channels' end events, which the ``join`` streams have been made to wait on.
+            The channels' end events, which the ``join`` streams have been made to wait on
+            (None for a channel on the one join stream that is its own).
 
         Raises:
             The first exception a slice raised, after every slice has finished.
         """
-        if ready is None:
-            ready = self.backend.record(framework_stream)
         slices = split(count, len(self.channels), align, min_chunk)
+        lanes = self.channels[:len(slices)]
+        if ready is None and any(c.stream is not framework_stream for c in lanes):
+            ready = self.backend.record(framework_stream)
+        joins = [framework_stream] if join is None else list(join)
         futures: list[Future[Any]] = []
         for c, (start, stop) in enumerate(slices[1:], start=1):
-            futures.append(self._threads[c - 1].submit(self._lane, self.channels[c], ready,
-                                                       work, start, stop))
+            futures.append(self._threads[c - 1].submit(
+                self._lane, self.channels[c], (framework_stream, ready, joins), work, start,
+                stop))
         errors: list[BaseException] = []
         done: list[Any] = []
         if slices:
             try:
-                done.append(self._lane(self.channels[0], ready, work, *slices[0]))
+                done.append(self._lane(self.channels[0], (framework_stream, ready, joins), work,
+                                       *slices[0]))
             except BaseException as exc:  # noqa: BLE001 - reported after the others finish
                 errors.append(exc)
         for future in futures:
@@ -139,14 +148,20 @@ class Channels:
                 errors.append(exc)
         if errors:
             raise errors[0]
-        for stream in [framework_stream] if join is None else join:
-            for event in done:
-                self.backend.wait(stream, event)
+        for stream in joins:
+            for channel, event in zip(lanes, done):
+                if event is not None and channel.stream is not stream:
+                    self.backend.wait(stream, event)
         return done
 
-    def _lane(self, channel: Channel, ready: Any, work: Work, start: int, stop: int) -> Any:
-        self.backend.wait(channel.stream, ready)
+    def _lane(self, channel: Channel, order: tuple[Any, Any, list[Any]], work: Work, start: int,
+              stop: int) -> Any:
+        framework_stream, ready, joins = order
+        if channel.stream is not framework_stream:
+            self.backend.wait(channel.stream, ready)
         work(channel, start, stop)
+        if all(stream is channel.stream for stream in joins):
+            return None  # its only joiner is its own stream: nothing to record
         return self.backend.record(channel.stream)
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ class Transport(str, enum.Enum):
     CUDA_AWARE_MPI = "cuda-aware-mpi"
     HOST_STAGING = "host-staging"
     CUDA_IPC = "cuda-ipc"
+    LOCAL = "local"  # a world of one: nothing travels, the scales are applied where it lies
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,9 @@ def choose(cuda_aware: bool, ranks_on_node: int, num_nodes: int, ipc_usable: boo
            algorithm: str = "auto") -> list[tuple[str, Transport]]:
     """The phases of a device allreduce and the transport of each, in order.
 
-    One node with CUDA IPC: the device shared-memory algorithm alone.  Several nodes with IPC
+    A world of one: no transport (the allreduce is its scaling; staging it through the host
+    cost a round trip over PCIe per bucket).  One node with CUDA IPC: the device shared-memory
+    algorithm alone.  Several nodes with IPC
     and ranks sharing nodes (hierarchical): reduce-scatter within the node over IPC, allreduce
     of each rank's slice across nodes, allgather within the node over IPC.  Otherwise one
     allreduce across everyone over MPI, handed device pointers or staged through the host.
@@ -136,6 +139,8 @@ def choose(cuda_aware: bool, ranks_on_node: int, num_nodes: int, ipc_usable: boo
     """
     if algorithm not in ("auto", "shm", "ring", "hierarchical", "mpi"):
         raise ValueError(f"unknown allreduce algorithm {algorithm!r}")
+    if ranks_on_node == 1 and num_nodes == 1:
+        return [("allreduce", Transport.LOCAL)]
     across = Transport.CUDA_AWARE_MPI if cuda_aware else Transport.HOST_STAGING
     if algorithm in ("ring", "mpi") or not ipc_usable or ranks_on_node < 2:
         return [("allreduce", across)]
