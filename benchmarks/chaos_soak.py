@@ -490,6 +490,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    # Stopped from outside (kill, a CI timeout): end through run()'s cleanup, which kills the
+    # job and removes the cluster, instead of leaving both behind.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     soak = Soak(args)
     outcome = soak.run()
     result = soak.report(outcome)
