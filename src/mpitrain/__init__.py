@@ -25,12 +25,15 @@ from typing import TYPE_CHECKING, Any
 
 from . import (
     _mpi,  # noqa: F401 - first: importing it sets what MPI reads when it starts
+    departures,
     failure,
 )
 from .version import __version__ as __version__
 
 # A rank failing or ending before init() must not leave the others waiting for it.
 failure.install_import_time_hooks()
+# With a start timeout, no rank waits in MPI_Init for ever for one that never starts MPI.
+departures.watch_mpi_start()
 
 if TYPE_CHECKING:
     from ._face import *  # noqa: F403 - the names type checkers see; loaded lazily below

@@ -29,12 +29,15 @@ names the ranks it has not heard from, to itself and to every rank that came, an
 that.  A rank whose deadline passes without word from rank 0 waits :data:`VERDICT_GRACE_S`
 more for it when rank 0 is there (its deadline may be a little later), then raises saying
 which ranks it cannot know; when rank 0 itself has not come, it says so.  The raise ends the
-job as any failed ``init()`` does.
+job as any failed ``init()`` does.  That roll call needs MPI up on the ranks that wait; ranks
+whose ``MPI_Init`` waits for the late one (Open MPI's waits for every rank) are ended by
+:func:`watch_mpi_start`'s watchdog instead.
 
 Costs: the gate adds one barrier and at most 10 ms of polling to ``init()``; the message is
 sent only by a process that imported mpitrain, ran under an MPI launcher with more than one
 rank and ended without ever calling ``init()`` (p - 1 messages of about 80 bytes).  With a
-start timeout, 2(p - 1) empty messages more, all to or from rank 0.  The tags travel on
+start timeout, 2(p - 1) empty messages more, all to or from rank 0, and one forked watchdog
+process per rank until its ``MPI_Init`` returns.  The tags travel on
 MPI_COMM_WORLD: a program of its own that receives on MPI_COMM_WORLD with ``MPI.ANY_TAG``
 after a rank left could see one.
 """
@@ -42,9 +45,14 @@ after a rank left could see one.
 from __future__ import annotations
 
 import enum
+import importlib.abc
+import importlib.util
 import json
 import os
+import select
+import signal
 import socket
+import sys
 import time
 from typing import Any
 
@@ -78,6 +86,9 @@ class Phase(enum.Enum):
 
 _phase = Phase.BEFORE
 _pending: list[Any] = []  # requests and buffers MPI may still use after we stopped waiting
+# The start timeout's watchdog process and the pipe whose closing stops it, while MPI starts.
+_watchdog: list[int] = []
+_LAUNCHER_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMIX_RANK", "PMI_RANK")
 _IMPORTED = time.monotonic()
 
 
@@ -125,6 +136,117 @@ def gate(MPI: Any, start_timeout: float = 0.0) -> None:
         pause = min(2 * pause, _POLL_MAX_S)
     if roll is not None:
         roll.finish()
+
+
+def watch_mpi_start() -> None:
+    """Bound the wait inside ``MPI_Init`` by the start timeout (called at ``import mpitrain``).
+
+    Open MPI's ``MPI_Init`` waits inside the library for every rank to start MPI (its exchange
+    of addresses), holding Python's GIL, so a rank stuck before starting MPI keeps the others
+    there, out of the gate's reach and of any Python thread's.  So, when a start timeout is set
+    (``MPITRAIN_START_TIMEOUT``, ``HOROVOD_START_TIMEOUT``) and MPI is not up yet, a forked
+    watchdog process (os-level calls only) is told through a pipe when this rank begins
+    importing ``mpi4py.MPI`` and when that import is done.  If it began and is not done
+    :data:`VERDICT_GRACE_S` past the timeout (the gate's roll call, which can name the missing
+    ranks, gets the first chance once MPI is up), the watchdog says so and terminates this
+    rank, and the launcher ends the job.  A process that never starts MPI is left alone.
+    """
+    if "mpi4py.MPI" in sys.modules or _watchdog:
+        return
+    if not any(v in os.environ for v in _LAUNCHER_RANK_VARIABLES):
+        return  # not a rank: mpitrainrun, a login node's tools
+    timeout = _start_timeout_from_environment()
+    if timeout <= 0:
+        return
+    rank = next(os.environ[v] for v in _LAUNCHER_RANK_VARIABLES if v in os.environ)
+    # The others a moment after rank 0, so that one rank usually speaks before the launcher
+    # ends them all (when rank 0 is the late one, each waiting rank says it).
+    stagger = 0.0 if rank == "0" else 3.0
+    deadline = time.monotonic() - process_age() + timeout + VERDICT_GRACE_S + stagger
+    message = (
+        f"mpitrain: rank {rank} waited in MPI_Init past the start timeout of {timeout:g} s "
+        "(MPITRAIN_START_TIMEOUT, mpitrainrun --start-timeout) for ranks that have not started "
+        "MPI.  A rank is stuck or slow before mpitrain.init() (data loading, a lock, another "
+        "host's file system), or was not started; MPI cannot say which before it starts.  "
+        "Ending this rank so that the launcher ends the job: raise the timeout if that start "
+        "is expected to take longer.\n").encode()
+    parent = os.getpid()
+    read_end, write_end = os.pipe()
+    child = os.fork()
+    if child == 0:  # the watchdog: nothing but os-level calls, then _exit
+        try:
+            os.close(write_end)
+            _watch(read_end, deadline, parent, message)
+        finally:
+            os._exit(0)
+    os.close(read_end)
+    _watchdog.extend((child, write_end))
+    sys.meta_path.insert(0, _MpiStartFinder())
+
+
+def _watch(pipe: int, deadline: float, parent: int, message: bytes) -> None:
+    """The watchdog's loop: a byte on ``pipe`` says MPI_Init began, end of file that it is
+    done (or that the parent ended)."""
+    begun = False
+    while True:
+        wait = deadline - time.monotonic() if begun else None
+        if wait is not None and wait <= 0:
+            if os.getppid() == parent:
+                os.write(2, message)
+                os.kill(parent, signal.SIGTERM)
+            return
+        ready, _, _ = select.select([pipe], [], [], wait)
+        if ready:
+            if not os.read(pipe, 1):
+                return
+            begun = True
+
+
+class _MpiStartFinder(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: tells the watchdog when ``mpi4py.MPI`` (MPI_Init) begins and ends."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != "mpi4py.MPI":
+            return None
+        sys.meta_path.remove(self)  # one shot; the finders below do the finding
+        spec = importlib.util.find_spec(name)
+        loader = getattr(spec, "loader", None)
+        if spec is None or loader is None or not hasattr(loader, "exec_module"):
+            mpi_started()
+            return spec
+        original = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            if _watchdog:
+                os.write(_watchdog[1], b"B")
+            try:
+                original(module)
+            finally:
+                mpi_started()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+def _start_timeout_from_environment() -> float:
+    """The start timeout as set for this process; the configuration warns of a bad value."""
+    for name in ("MPITRAIN_START_TIMEOUT", "HOROVOD_START_TIMEOUT"):
+        text = os.environ.get(name, "").strip()
+        if text:
+            try:
+                return max(0.0, float(text))
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
+def mpi_started() -> None:
+    """MPI_Init has returned in this process (or will not be watched): the watchdog ends."""
+    if _watchdog:
+        child, write_end = _watchdog
+        _watchdog.clear()
+        os.close(write_end)
+        os.waitpid(child, 0)  # it reads the end of the pipe and exits at once
 
 
 def process_age() -> float:

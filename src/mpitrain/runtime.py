@@ -90,6 +90,7 @@ def start(comm: Any = None) -> State:
         if _state is not None:
             raise RuntimeError("mpitrain's runtime is already started")
         MPI = _mpi.load()
+        departures.mpi_started()  # MPI is up: the start timeout's watchdog (if any) ends
         cfg = config_module.load()
         launchers.check_world(MPI.COMM_WORLD.Get_size(), cfg.allow_singleton,
                               _mpi.library_version())

@@ -163,12 +163,17 @@ def test_in_elastic_training_the_survivor_goes_on(how, said):
     assert finished == [("0", "1", "30", "40.0")], output
 
 
-# One rank that never ends and never comes: only the start timeout bounds it.
+# One rank that never ends and never comes: only the start timeout bounds it.  Where the
+# ranks start MPI matters: Open MPI's MPI_Init waits for every rank to start MPI, so ranks that
+# start it only in init() wait there (the watchdog ends them, unable to say who is missing),
+# while ranks that started MPI early wait in init()'s gate, where rank 0 names the late rank.
 LATE = textwrap.dedent("""
     import os, sys, time
     import mpitrain as hvd
 
-    late, pause = int(sys.argv[1]), float(sys.argv[2])
+    late, pause, mpi_early = int(sys.argv[1]), float(sys.argv[2]), sys.argv[3] == "1"
+    if mpi_early:
+        from mpi4py import MPI  # noqa: F401 - MPI up before the late rank's pause
     if int(os.environ["OMPI_COMM_WORLD_RANK"]) == late:
         time.sleep(pause)  # stuck before init(): a lock, a slow file system, a long load
     hvd.init()
@@ -176,28 +181,40 @@ LATE = textwrap.dedent("""
 """)
 START_TIMEOUT_S = 8.0
 # From mpitrainrun's start to the job's end: the timeout, plus each process's start before
-# mpitrain counts it (python, the launcher), plus the abort; measured 11-13 s at load 2-5.
-START_BOUND_S = START_TIMEOUT_S + 22.0
+# mpitrain counts it (python, the launcher), the watchdog's grace (5 s, 3 s more for ranks
+# other than 0) and the abort; measured 11-13 s (gate) and 15-19 s (MPI_Init) at load 2-7.
+START_BOUND_S = START_TIMEOUT_S + 30.0
+WAITED_IN_INIT = (r"rank {} waited in MPI_Init past the start timeout of 8 s "
+                  r"\(MPITRAIN_START_TIMEOUT, mpitrainrun --start-timeout\) for ranks that have "
+                  r"not started MPI")
 
 
-@pytest.mark.parametrize(("late", "said"), [
-    (2, r"rank 2 of 3 did not reach mpitrain\.init\(\) within the start timeout of 8 s "
-        r"\(MPITRAIN_START_TIMEOUT, mpitrainrun --start-timeout\) while ranks 0-1 waited there"),
-    # Rank 0 keeps the roll: without it the others can only say so.
-    (0, r"some ranks of 3 did not reach mpitrain\.init\(\) within the start timeout of 8 s "
-        r"\(MPITRAIN_START_TIMEOUT, mpitrainrun --start-timeout\) while rank [12] waited "
-        r"there; rank 0 has not reached it either"),
-])
-def test_start_timeout_ends_the_job_naming_the_rank_that_never_came(late, said):
+@pytest.mark.parametrize(("late", "mpi_early", "said"), [
+    # MPI started by init(): the ranks wait in MPI_Init; rank 0 speaks.
+    (2, False, WAITED_IN_INIT.format(0)),
+    # ... and when rank 0 is the late one, the others do.
+    (0, False, WAITED_IN_INIT.format("[12]")),
+    # MPI started early: rank 0 keeps the roll in init()'s gate and names the late rank.
+    (2, True, r"rank 2 of 3 did not reach mpitrain\.init\(\) within the start timeout of 8 s "
+              r"\(MPITRAIN_START_TIMEOUT, mpitrainrun --start-timeout\) while ranks 0-1 "
+              r"waited there"),
+    # ... without rank 0, the others can only say so.
+    (0, True, r"some ranks of 3 did not reach mpitrain\.init\(\) within the start timeout of "
+              r"8 s \(MPITRAIN_START_TIMEOUT, mpitrainrun --start-timeout\) while rank [12] "
+              r"waited there; rank 0 has not reached it either"),
+], ids=["late-2", "late-0", "late-2-mpi-early", "late-0-mpi-early"])
+def test_start_timeout_ends_the_job_naming_what_it_can(late, mpi_early, said):
     started = time.monotonic()
     result = run_command([sys.executable, "-m", "mpitrain.runner.launch", "-np", "3", "-H",
                           "localhost:3", "--start-timeout", f"{START_TIMEOUT_S:g}",
-                          sys.executable, "-c", LATE, str(late), "600"], timeout=150)
+                          sys.executable, "-c", LATE, str(late), "600", str(int(mpi_early))],
+                         timeout=150)
     took = time.monotonic() - started
     output = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert result.returncode != 0 and "FINISHED" not in result.stdout, output
     assert re.search(said, result.stderr), output
-    print(f"rank {late} late: the job ended {took:.1f} s after mpitrainrun started")
+    print(f"rank {late} late (MPI early: {mpi_early}): the job ended {took:.1f} s after "
+          "mpitrainrun started")
     assert START_TIMEOUT_S <= took < START_BOUND_S, output
 
 
@@ -205,6 +222,6 @@ def test_a_start_within_the_timeout_is_not_cut_short():
     # The slow rank comes 3 s late, well inside the 8 s timeout: nothing is cut short.
     result = run_command([sys.executable, "-m", "mpitrain.runner.launch", "-np", "2", "-H",
                           "localhost:2", "--start-timeout", f"{START_TIMEOUT_S:g}",
-                          sys.executable, "-c", LATE, "1", "3"], timeout=120)
+                          sys.executable, "-c", LATE, "1", "3", "0"], timeout=120)
     assert result.returncode == 0, result.stdout + result.stderr
     assert sorted(result.stdout.split()) == ["0", "1", "FINISHED", "FINISHED"]
