@@ -15,9 +15,10 @@ host addresses, so MPI reads "device" buffers directly (as a CUDA-aware MPI woul
 what the fake device above is for) with one exception that the GPU taught us: an upload from
 host memory (``asarray`` of a numpy array) stays *in flight* on the current stream until that
 stream (or the device) is synchronised, and the pack kernel refuses to read in-flight memory
-from another stream (on an H100 it read a half-written pointer table: an illegal address).  IPC memory is POSIX shared memory: ``ipcGetMemHandle``
-gives its name and ``ipcOpenMemHandle`` maps it in another process, so ranks really read each
-other's windows.  ``RawKernel`` runs the pack kernel through
+from another stream (on an H100 it read a half-written pointer table: an illegal address).
+IPC memory is POSIX shared memory: ``ipcGetMemHandle`` gives its name and
+``ipcOpenMemHandle`` maps it in another process, so ranks really read each other's windows.
+``RawKernel`` runs the pack kernel through
 :func:`mpitrain.ops.cuda.pack.emulate`; numba kernels run in numba's CUDA simulator, whether
 numba's dispatch launches them or a ``RawModule`` loaded from :func:`prepared_source`'s
 stand-in PTX does (the prepared launches of :mod:`mpitrain.ops.cuda.launch`: the fake decodes

@@ -1,10 +1,11 @@
-"""Train a torch MLP on scikit-learn's digits with a gluon-style ``Trainer`` over a KVStore.
+r"""Train a torch MLP on scikit-learn's digits with a gluon-style ``Trainer`` over a KVStore.
 
 Launch (2 ranks; drop --allow-run-as-root unless you are root, --oversubscribe unless you
 have fewer cores than ranks):
 
     mpirun --allow-run-as-root --oversubscribe -np 2 python examples/mxnet_style/gluon_trainer.py
-    mpirun --allow-run-as-root --oversubscribe -np 2 python examples/mxnet_style/gluon_trainer.py --horovod
+    mpirun --allow-run-as-root --oversubscribe -np 2 \
+        python examples/mxnet_style/gluon_trainer.py --horovod
     python examples/mxnet_style/gluon_trainer.py                   # a world of one
 
 Gluon's habit: ``trainer = Trainer(params, "sgd", {...}, kvstore="dist_sync")`` and

@@ -1,9 +1,10 @@
-"""Train a numpy MLP on scikit-learn's digits through an MXNet-style KVStore (push / pull).
+r"""Train a numpy MLP on scikit-learn's digits through an MXNet-style KVStore (push / pull).
 
 Launch (2 ranks; drop --allow-run-as-root unless you are root, --oversubscribe unless you
 have fewer cores than ranks):
 
-    mpirun --allow-run-as-root --oversubscribe -np 2 python examples/mxnet_style/kvstore_numpy_mlp.py
+    mpirun --allow-run-as-root --oversubscribe -np 2 \
+        python examples/mxnet_style/kvstore_numpy_mlp.py
     python examples/mxnet_style/kvstore_numpy_mlp.py               # a world of one
 
 The MXNet parameter-server habit, without MXNet: ``kv.init`` every weight (rank 0's values

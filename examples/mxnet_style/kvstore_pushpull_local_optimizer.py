@@ -1,9 +1,10 @@
-"""Train a torch MLP on scikit-learn's digits: KVStore ``pushpull`` of gradients, local optimizer.
+r"""Train a torch MLP on scikit-learn's digits: KVStore ``pushpull`` of gradients, local optimizer.
 
 Launch (2 ranks; drop --allow-run-as-root unless you are root, --oversubscribe unless you
 have fewer cores than ranks):
 
-    mpirun --allow-run-as-root --oversubscribe -np 2 python examples/mxnet_style/kvstore_pushpull_local_optimizer.py
+    mpirun --allow-run-as-root --oversubscribe -np 2 \
+        python examples/mxnet_style/kvstore_pushpull_local_optimizer.py
     python examples/mxnet_style/kvstore_pushpull_local_optimizer.py   # a world of one
 
 The MXNet/Horovod-KVStore habit of "update locally": the store only sums.  ``kv.broadcast``

@@ -1,10 +1,12 @@
-"""Train a small conv net with SyncBatchNorm (comm_scope local or global) on scikit-learn's digits.
+r"""Train a small conv net with SyncBatchNorm (comm_scope local or global) on scikit-learn's digits.
 
 Launch (2 ranks; drop --allow-run-as-root unless you are root, --oversubscribe unless you
 have fewer cores than ranks):
 
-    mpirun --allow-run-as-root --oversubscribe -np 2 python examples/mxnet_style/sync_batchnorm.py --comm-scope global
-    mpirun --allow-run-as-root --oversubscribe -np 2 -x MPITRAIN_LOCAL_SIZE=1 python examples/mxnet_style/sync_batchnorm.py --comm-scope local
+    mpirun --allow-run-as-root --oversubscribe -np 2 \
+        python examples/mxnet_style/sync_batchnorm.py --comm-scope global
+    mpirun --allow-run-as-root --oversubscribe -np 2 -x MPITRAIN_LOCAL_SIZE=1 \
+        python examples/mxnet_style/sync_batchnorm.py --comm-scope local
     python examples/mxnet_style/sync_batchnorm.py                  # a world of one
 
 As AIACC-Training (Perseus) users wrote it: batch-norm layers whose statistics span every rank

@@ -19,8 +19,8 @@ launcher's environment (Open MPI's ``OMPI_COMM_WORLD_*``, MPICH's ``PMI_*``, or 
 ``RANK``/``WORLD_SIZE``); the ranks meet through a file in the output directory named after
 the mpirun job (or at ``MASTER_ADDR:MASTER_PORT`` when set).  No MPI, no mpitrain collective;
 it takes the same share of CPU cores per rank as mpitrain does, and on GPUs the same device
-(local rank modulo the device count; NCCL refuses two ranks on one GPU).  It writes no checkpoints, but
-phase 2 starts from phase 1's mpitrain checkpoint as on the mpitrain path.
+(local rank modulo the device count; NCCL refuses two ranks on one GPU).  It writes no
+checkpoints, but phase 2 starts from phase 1's mpitrain checkpoint as on the mpitrain path.
 """
 
 from __future__ import annotations

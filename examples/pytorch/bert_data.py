@@ -6,9 +6,9 @@ interpreter, namely the language reference's help topics (``pydoc_data/topics.py
 functions, read with ``ast`` from the ``.py`` files (nothing is imported), one document per
 topic or file.  On Python 3.11: 534 documents, 15,200 sentences, 220,000 words (1.35 MB) of
 English prose once code examples are dropped; enough for a WordPiece vocabulary of ~8,600
-tokens (``--vocab-size`` stays BERT's 30,522 rows, so that model sizes are the paper's).  ``--corpus-file``
-takes any text in BERT's own format instead: one sentence per line, a blank line between
-documents.
+tokens (``--vocab-size`` stays BERT's 30,522 rows, so that model sizes are the paper's).
+``--corpus-file`` takes any text in BERT's own format instead: one sentence per line, a blank
+line between documents.
 
 From it, as in Google's ``create_pretraining_data.py`` (Devlin et al., 2019), written anew:
 

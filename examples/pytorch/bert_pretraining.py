@@ -11,8 +11,9 @@ NVIDIA's recipe) or AdamW, linear warm-up then linear decay, gradient clipping a
 Gradients are averaged by ``hvd.DistributedOptimizer`` (``--wrapper optimizer``, Horovod's
 way) or by mpitrain's drop-in for torch's DDP (``--wrapper ddp``); ``--compression fp16`` or
 ``bf16`` halves the bytes sent (DistributedOptimizer only); ``--compression powersgd`` sends
-rank-4 PowerSGD factors with error feedback (both wrappers; torch's own hook with Gloo).  ``--backend gloo`` runs the same
-training on stock torch ``DistributedDataParallel`` over Gloo instead (rank and size from
+rank-4 PowerSGD factors with error feedback (both wrappers; torch's own hook with Gloo).
+``--backend gloo`` runs the same training on stock torch ``DistributedDataParallel`` over
+Gloo instead (rank and size from
 mpirun's environment, no MPI and no mpitrain collectives), for comparison; that path writes no
 checkpoints.  Rank 0 logs, shows the progress bar, and writes checkpoints atomically every
 ``--checkpoint-every`` steps; ``--resume`` continues bit for bit.  At the end rank 0 prints the

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Fine-tune a BERT sentence-pair classifier with Hugging Face's Trainer on mpitrain, run_glue-style.
+"""Fine-tune a BERT sentence-pair classifier with Hugging Face's Trainer on mpitrain,
+run_glue-style.
 
 The shape of transformers' ``examples/pytorch/text-classification/run_glue.py``:
 ``HfArgumentParser`` over ``ModelArguments``, ``DataTrainingArguments`` and transformers' own

@@ -3,7 +3,8 @@
 Launch (2 ranks; drop --allow-run-as-root unless you are root, --oversubscribe unless you
 have fewer cores than ranks):
 
-    mpirun --allow-run-as-root --oversubscribe -np 2 python examples/tensorflow_style/compat_v1_monitored_session.py
+    mpirun --allow-run-as-root --oversubscribe -np 2 \\
+        python examples/tensorflow_style/compat_v1_monitored_session.py
     python examples/tensorflow_style/compat_v1_monitored_session.py   # a world of one
 
 Run it again with the same ``--checkpoint-dir`` and it resumes: only rank 0 passes

@@ -1,9 +1,10 @@
-"""Train a small MLP on scikit-learn's digits with a TF2 custom loop and DistributedGradientTape.
+r"""Train a small MLP on scikit-learn's digits with a TF2 custom loop and DistributedGradientTape.
 
 Launch (2 ranks; drop --allow-run-as-root unless you are root, --oversubscribe unless you
 have fewer cores than ranks):
 
-    mpirun --allow-run-as-root --oversubscribe -np 2 python examples/tensorflow_style/tf2_custom_loop.py
+    mpirun --allow-run-as-root --oversubscribe -np 2 \
+        python examples/tensorflow_style/tf2_custom_loop.py
     python examples/tensorflow_style/tf2_custom_loop.py            # a world of one
 
 Horovod's TF2 habits, unchanged: the learning rate is scaled by the number of ranks (the

@@ -323,9 +323,11 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
 
 # Settings every rank must share: each decides which collectives run, in which pieces and over
 # which communicators (fusion, the response cache, the algorithm, its chunks and channels, the
-# deterministic mode's own collectives, the node layout, the elastic limits).  Ranks that differ would wait for each other in different
-# collectives.  Autotune is not among them: every rank follows rank 0's, as in Horovod.  A remote host's ranks see only what the launcher forwards (Open MPI's
-# mpirun passes a variable to other hosts only with -x), so a setting exported in one shell
+# deterministic mode's own collectives, the node layout, the elastic limits).  Ranks that
+# differ would wait for each other in different collectives.  Autotune is not among them:
+# every rank follows rank 0's, as in Horovod.  A remote host's ranks see only what the
+# launcher forwards (Open MPI's mpirun passes a variable to other hosts only with -x), so a
+# setting exported in one shell
 # can reach some ranks and not others.
 MUST_AGREE: tuple[str, ...] = (
     "fusion_threshold", "cache_capacity", "allreduce_algorithm", "allreduce_calibrate",

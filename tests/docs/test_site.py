@@ -78,4 +78,5 @@ def test_runnable_snippets_run(block, tmp_path):
     argv = [sys.executable, str(script)]
     result = (run_job(block.np, argv, timeout=240, cwd=tmp_path) if block.np > 1
               else run_command(argv, timeout=240, cwd=tmp_path))
-    assert result.returncode == 0, f"{block.where}:\n{result.stdout[-2000:]}\n{result.stderr[-3000:]}"
+    assert result.returncode == 0, (f"{block.where}:\n{result.stdout[-2000:]}\n"
+                                    f"{result.stderr[-3000:]}")

@@ -7,8 +7,9 @@ The schedule maps an original rank to ``[epoch, batch]``: that rank SIGKILLs its
 job, also when the job is restarted) before
 that batch's forward pass (so every rank has committed the batch before it); with
 ``[epoch, batch, "backward"]`` it dies when its first layer's gradient is computed, the last
-of the backward pass, while the other gradients are in flight; with ``[epoch, batch, "host"]`` it kills every process of its network namespace, Open
-MPI's daemon included (a host of tools/netns_cluster.py dying); with ``[epoch, batch, "exit"]``
+of the backward pass, while the other gradients are in flight; with ``[epoch, batch, "host"]``
+it kills every process of its network namespace, Open MPI's daemon included (a host of
+tools/netns_cluster.py dying); with ``[epoch, batch, "exit"]``
 it leaves with ``os._exit(3)`` (no MPI_Finalize: Open MPI's runtime does not tell the others,
 only ULFM's heartbeat detector finds it); with ``"rebuild"`` it dies in
 the first rebuild, right after the survivors' shrink (a manual probe: the survivors recover,

@@ -1,8 +1,9 @@
 """One rank of a Hugging Face Trainer run under mpirun; argv[1] picks how the job is set up.
 
 Routes: ``hvd`` (``mpitrain.init()`` only), ``ddp_backend`` (``mpitrain.init()`` and
-``TrainingArguments(ddp_backend="mpitrain")``: GPU machines only), ``dropin`` (``mpitrain.torch.distributed.
-init_process_group``), ``c10d`` (``torch.distributed.init_process_group("mpitrain")``), and
+``TrainingArguments(ddp_backend="mpitrain")``: GPU machines only), ``dropin``
+(``mpitrain.torch.distributed.init_process_group``), ``c10d``
+(``torch.distributed.init_process_group("mpitrain")``), and
 ``gloo`` (no mpitrain: Trainer's own Gloo route with ``use_cpu=True``; the reference).  Each
 rank prints one line: the world size Trainer saw and a checksum of the trained parameters.
 """

@@ -34,7 +34,8 @@ def run(code: str, *args: str) -> tuple[subprocess.CompletedProcess[str], float]
 def test_a_finalize_that_hangs_ends_the_process_with_status_zero():
     proc, seconds = run(HANGING, "ok")
     assert proc.returncode == 0, proc.stderr
-    assert "MPI_Finalize did not return within 1 s after the job lost ranks" in proc.stderr, proc.stderr
+    assert ("MPI_Finalize did not return within 1 s after the job lost ranks"
+            in proc.stderr), proc.stderr
     assert "exit status 0" in proc.stderr
     assert seconds < 50, seconds  # not the 60 s the hanging call would take
 

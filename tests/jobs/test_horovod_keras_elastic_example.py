@@ -38,7 +38,8 @@ EDITS = [
     ("import horovod.tensorflow.keras as hvd",
      "import mpitrain.tensorflow.keras as hvd",
      "no `horovod` package here (issue 34 ships the shim that makes this edit unnecessary)"),
-    ("(mnist_images, mnist_labels), _ = \\\n    tf.keras.datasets.mnist.load_data(path='mnist-%d.npz' % hvd.rank())",
+    ("(mnist_images, mnist_labels), _ = \\\n"
+     "    tf.keras.datasets.mnist.load_data(path='mnist-%d.npz' % hvd.rank())",
      "from sklearn.datasets import load_digits\n"
      "mnist_images, mnist_labels = load_digits(return_X_y=True)\n"
      "mnist_images = (mnist_images.reshape(-1, 8, 8) * 16).astype('uint8')",

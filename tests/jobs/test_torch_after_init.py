@@ -16,7 +16,8 @@ from support import run_job
 pytest.importorskip("torch")
 
 TORCH_FIRST = "import torch\nimport mpitrain as hvd\nhvd.init()\n"
-INIT_FIRST = "import mpitrain as hvd\nhvd.init()\nassert 'torch' not in __import__('sys').modules\nimport torch\n"
+INIT_FIRST = ("import mpitrain as hvd\nhvd.init()\n"
+              "assert 'torch' not in __import__('sys').modules\nimport torch\n")
 GLOO_GROUP = """
 import torch.distributed as dist
 dist.init_process_group("gloo")  # env:// with only what mpitrain exported

@@ -119,7 +119,8 @@ def test_every_rank_ends_on_rank_zeros_choice_and_results_are_untouched(job):
                 MPITRAIN_AUTOTUNE_MAX_SAMPLES="20")
     tuned = train(400, until_frozen=True)
     steps_tuning = len(tuned) // len(SHAPES)
-    tuned += train(3, until_frozen=False, first=steps_tuning)  # and it goes on with the frozen setting
+    # and it goes on with the frozen setting
+    tuned += train(3, until_frozen=False, first=steps_tuning)
     engine = mpitrain.session.engine()
     final = engine.tuned()
     everyone = WORLD.allgather(final)

@@ -253,7 +253,8 @@ def test_only_rank_zero_speaks_and_each_generation_applies_once(tmp_path):
     assert root.tuner is not None and other.tuner is None
     assert np.all(other.outgoing() == autotune_sync.NOTHING)
     reduced = root.outgoing() & other.outgoing()
-    assert other.incoming(reduced) == root.incoming(reduced) == Setting(*autotune.start_setting(cfg))
+    assert (other.incoming(reduced) == root.incoming(reduced)
+            == Setting(*autotune.start_setting(cfg)))
     assert other.incoming(reduced) is None and other.changes == 1  # the same generation
     off = autotune_sync.AutotuneSync.for_job(config.Config(), 0, 2, 1)
     assert off.tuner is None and np.all(off.outgoing() == autotune_sync.NOTHING)

@@ -6,7 +6,8 @@ Layers, bottom up (a module may import its own layer and the ones this table all
     data plane     mpitrain.ops: algorithms over plain buffers (no torch, no engine)
     engine         mpitrain.engine: requests, negotiation, fusion, buckets, the thread
     session        mpitrain.session: init/shutdown, the engine's life, process-set registration
-    front door     mpitrain.collectives (+ arrays, compression, compressors): the one way to the engine
+    front door     mpitrain.collectives (+ arrays, compression, compressors): the one way to
+                   the engine
     adapters       torch/, tensorflow/, kvstore/, the hvd face, ...
     tools          mpitrain.runner: the launcher, which starts no engine
 

@@ -28,7 +28,8 @@ def _python(args: list[str], *, cwd=ROOT) -> subprocess.CompletedProcess[str]:
 
 def _heavy_modules_after(statement: str) -> list[str]:
     code = (f"import json, sys\n{statement}\n"
-            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}} & set({HEAVY!r}))))\n")
+            f"print(json.dumps(sorted({{m.split('.')[0] for m in sys.modules}}"
+            f" & set({HEAVY!r}))))\n")
     result = _python(["-c", code])
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout.strip().splitlines()[-1])

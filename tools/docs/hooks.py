@@ -33,7 +33,8 @@ _svgs: dict[str, bytes] = {}  # drawn once per process (mkdocs serve rebuilds of
 
 
 def _plots() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("mpitrain_plots", ROOT / "benchmarks" / "plots.py")
+    spec = importlib.util.spec_from_file_location("mpitrain_plots",
+                                                  ROOT / "benchmarks" / "plots.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

@@ -26,5 +26,6 @@ def __getattr__(name: str) -> Any:
 
 
 # init and shutdown are here because Horovod's horovod.torch.elastic has them too.
-__all__ = ["ElasticLimitError", "ElasticSampler", "HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt",
-           "ObjectState", "State", "TorchState", "init", "run", "run_fn", "shutdown"]
+__all__ = ["ElasticLimitError", "ElasticSampler", "HorovodInternalError", "HostUpdateResult",
+           "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "init", "run", "run_fn",
+           "shutdown"]

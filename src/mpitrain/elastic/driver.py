@@ -135,9 +135,9 @@ def stop_for_new_hosts(state: State) -> None:
     The job grows by a restart, not by spawning ranks into it (``MPI_Comm_spawn`` onto the
     new hosts, then merging them into a communicator that may have survived ULFM shrinks):
     a restart works the same under every MPI and launcher (srun, MPICH, Open MPI with and
-    without ULFM) and costs seconds at a commit point.  Rank 0 writes the commit to the state file, tells
-    the driver, and every rank exits with status 0; the restarted job resumes from that
-    commit (:func:`resume_from_state_file`).
+    without ULFM) and costs seconds at a commit point.  Rank 0 writes the commit to the state
+    file, tells the driver, and every rank exits with status 0; the restarted job resumes from
+    that commit (:func:`resume_from_state_file`).
     """
     state.write_state_file()
     _tell_driver("stopping", reason="hosts updated", size=runtime.size())

@@ -311,8 +311,10 @@ class Negotiator:
             if error is None and first_meta.kind != Kind.JOIN:
                 error = self._joined_error(name, first_meta, joined - set(by_rank))
             out.append(Response(name, first_meta, request, error=error,
-                                mismatch=error is not None, joined=joined - set(by_rank) if first_meta.kind != Kind.JOIN
-                                else frozenset(), from_table=True, last_joined=last))
+                                mismatch=error is not None,
+                                joined=(joined - set(by_rank) if first_meta.kind != Kind.JOIN
+                                        else frozenset()),
+                                from_table=True, last_joined=last))
         return out
 
     def _refusals(self, name: str, by_rank: dict[int, RequestMeta]) -> str | None:

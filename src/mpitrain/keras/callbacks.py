@@ -1,4 +1,6 @@
-"""``horovod.keras.callbacks`` on Keras 3: the callbacks of :mod:`mpitrain.tensorflow.keras.callbacks`."""
+"""``horovod.keras.callbacks`` on Keras 3: the callbacks of
+:mod:`mpitrain.tensorflow.keras.callbacks`.
+"""
 
 from ..tensorflow.keras.callbacks import (
     BroadcastGlobalVariablesCallback,

@@ -260,10 +260,11 @@ class DistributedTrainer(Trainer):
         tensors = [g for _, g, _ in grads]
         if not tensors:
             return
-        reduced = collectives.grouped_allreduce(tensors, name=f"{self._prefix}DistributedTrainer.grads",
-                                      compression=self._compression, op=collectives.Sum,
-                                      prescale_factor=1.0 / self._predivide,
-                                      process_set=self._process_set)
+        reduced = collectives.grouped_allreduce(tensors,
+                                                name=f"{self._prefix}DistributedTrainer.grads",
+                                                compression=self._compression, op=collectives.Sum,
+                                                prescale_factor=1.0 / self._predivide,
+                                                process_set=self._process_set)
         for g, r in zip(tensors, reduced):
             g.copy_(r)
 

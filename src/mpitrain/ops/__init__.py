@@ -5,7 +5,8 @@ The engine calls only the functions exported here.  Algorithm choice lives in
 :mod:`.shm` (single-copy shared memory within a node, over :mod:`.cma`), :mod:`.ring`,
 :mod:`.hierarchical`, :mod:`.adasum`; :mod:`.ordered` and :mod:`.fixed_point`, the designs of
 ``MPITRAIN_DETERMINISTIC`` (routed by :mod:`.deterministic`); :mod:`.channels` splits large
-buckets across parallel communicators; :mod:`.kernels.cpu` holds the numba reductions, :mod:`.kernels.adasum` Adasum's.
+buckets across parallel communicators; :mod:`.kernels.cpu` holds the numba reductions,
+:mod:`.kernels.adasum` Adasum's.
 """
 
 from ..dtypes import FLOATING, INTEGER, STORAGE, ReduceOp, check_reduce_supported, itemsize

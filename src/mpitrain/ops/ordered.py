@@ -98,7 +98,8 @@ def fold(out: np.ndarray, sources: Sequence[np.ndarray], how: Reduction, ws: Scr
                           how.prescale, how.postscale, acc, tmp)
 
 
-def _gather_fold(comm: Any, send: np.ndarray, recv: np.ndarray, how: Reduction, ws: Scratch) -> None:
+def _gather_fold(comm: Any, send: np.ndarray, recv: np.ndarray, how: Reduction,
+                 ws: Scratch) -> None:
     p, n = comm.Get_size(), send.size
     gathered = ws.get("ordered.gathered", p * n, send.dtype)[:p * n]
     comm.Allgather([send.view(np.uint8), MPI.BYTE], [gathered.view(np.uint8), MPI.BYTE])

@@ -9,8 +9,8 @@ this agent:
    (:mod:`.rdzv_agent`) and says who it is.  Once all ``--nnodes`` have come the server fixes
    the node ranks.
 2. The serving agent runs the MPI launcher over the nodes' addresses, with our ssh
-   (:mod:`.rdzv_ssh`, :mod:`.rdzv_shell`) as its remote-launch program: each node's daemon command travels
-   over the rendezvous connection to that node's agent, which checks it
+   (:mod:`.rdzv_ssh`, :mod:`.rdzv_shell`) as its remote-launch program: each node's daemon
+   command travels over the rendezvous connection to that node's agent, which checks it
    (:mod:`.rdzv_command`) and starts it.  From there on it is an ordinary MPI job: ranks,
    local ranks, the topology are the launcher's.
 3. When the launcher exits, every agent is told the exit code and exits with it.  A node

@@ -1,4 +1,5 @@
-"""A collective in a ``tf.compat.v1`` graph as an op that never holds an inter-op thread while it waits.
+"""A collective in a ``tf.compat.v1`` graph as an op that never holds an inter-op thread while it
+waits.
 
 Why: a session runs a graph's ops on a fixed pool of inter-op threads (as many as cores by
 default, one with ``TF_NUM_INTEROP_THREADS=1``).  A ``tf.numpy_function`` that runs a

@@ -1,4 +1,6 @@
-"""``mpitrain.tensorflow.DistributedOptimizer``: one name for Keras 3 and tf.compat.v1 optimizers."""
+"""``mpitrain.tensorflow.DistributedOptimizer``: one name for Keras 3 and tf.compat.v1
+optimizers.
+"""
 
 from __future__ import annotations
 

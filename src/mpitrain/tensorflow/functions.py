@@ -22,7 +22,8 @@ def broadcast_variables(variables: Iterable[Any], root_rank: int,
     the same state.  Every rank must call it with the same variables in the same order.
 
     Args:
-        variables: ``tf.Variable`` or ``keras.Variable`` objects (e.g. ``model.variables``, ``opt.variables``).
+        variables: ``tf.Variable`` or ``keras.Variable`` objects (e.g. ``model.variables``,
+            ``opt.variables``).
         root_rank: the world rank whose values win.
         process_set: the ranks taking part (default: all).
         inplace: accepted for Horovod compatibility; values are always assigned in place.

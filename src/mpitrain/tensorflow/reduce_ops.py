@@ -167,7 +167,8 @@ def _reducescatter(tensors: list[tf.Tensor], op: ReduceOp, pre: float, post: flo
 
 @_not_converted
 def grouped_reducescatter(tensors: Sequence[Any], device_dense: str = "",
-                          compression: type[Compressor] = Compression.none, op: Any = collectives.Average,
+                          compression: type[Compressor] = Compression.none,
+                          op: Any = collectives.Average,
                           process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                           name: str | None = None) -> list[tf.Tensor]:

@@ -1,4 +1,5 @@
-"""SyncBatchNormalization: a Keras 3 BatchNormalization whose batch statistics span a scope of ranks.
+"""SyncBatchNormalization: a Keras 3 BatchNormalization whose batch statistics span a scope of
+ranks.
 
 A drop-in for ``keras.layers.BatchNormalization`` (and Horovod's
 ``hvd.SyncBatchNormalization``): in training, the mean and variance of every channel are those

@@ -241,8 +241,9 @@ class _DistributedOptimizer(GradientHooks):
             grad = p.grad = grad.to_dense()
         compressed, ctx = self._to_wire(p, grad)
         pre, post = self._scales()
-        handle = collectives.allreduce_async_(compressed, name=name, op=self.op, prescale_factor=pre,
-                                    postscale_factor=post, process_set=self.process_set)
+        handle = collectives.allreduce_async_(compressed, name=name, op=self.op,
+                                              prescale_factor=pre, postscale_factor=post,
+                                              process_set=self.process_set)
         return handle, ctx
 
     def _submit_group(self, group: tuple[torch.Tensor, ...]) -> Pending:

@@ -74,7 +74,8 @@ def encode32(y, pre, exps, frac_bits, out):
         if b == SPECIAL32:
             out[i] = _special_count(v)
             continue
-        e = (b if b > 1 else 1) - 126  # |v| < 2**e on every rank; subnormals share the lowest binade
+        # |v| < 2**e on every rank; subnormals share the lowest binade
+        e = (b if b > 1 else 1) - 126
         out[i] = np.int64(math.floor(np.float64(v) * _pow2(frac_bits - e) + 0.5))
 
 

@@ -113,7 +113,8 @@ class MetricAverageCallback(_MpitrainCallback):
         if not keys:
             return
         values = np.array([float(logs[k]) for k in keys], dtype=np.float64)
-        averaged = collectives.allreduce(values, op=collectives.Average, process_set=self.process_set)
+        averaged = collectives.allreduce(values, op=collectives.Average,
+                                         process_set=self.process_set)
         for k, v in zip(keys, averaged.tolist()):
             logs[k] = v
 

@@ -19,5 +19,6 @@ from .sampler import ElasticSampler
 from .state import TorchState
 
 # init and shutdown are here because Horovod's horovod.torch.elastic has them too.
-__all__ = ["ElasticLimitError", "ElasticSampler", "HorovodInternalError", "HostUpdateResult", "HostsUpdatedInterrupt",
-           "ObjectState", "State", "TorchState", "init", "run", "run_fn", "shutdown"]
+__all__ = ["ElasticLimitError", "ElasticSampler", "HorovodInternalError", "HostUpdateResult",
+           "HostsUpdatedInterrupt", "ObjectState", "State", "TorchState", "init", "run", "run_fn",
+           "shutdown"]
