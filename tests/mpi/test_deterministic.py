@@ -24,7 +24,9 @@ from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import algorithms, fixed_point, reference
 from mpitrain.ops.group import Group
 
-MPI_CONFIGS = ("np2", "np3", "np4", "2x2")
+# Not np4: four ranks on one node add no order the others lack (np3 is uneven, 2x2 crosses
+# nodes; both also at four ranks' worth of partners), and it cost CI 70 s.
+MPI_CONFIGS = ("np2", "np3", "2x2")
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
