@@ -24,8 +24,8 @@ from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import algorithms, fixed_point, reference
 from mpitrain.ops.group import Group
 
-# Not np4: four ranks on one node add no order the others lack (np3 is uneven, 2x2 crosses
-# nodes; both also at four ranks' worth of partners), and it cost CI 70 s.
+# Not np4: four ranks on one node add no order the others lack (np3 is uneven; 2x2 runs four
+# ranks across two nodes), and it cost CI 70 s.
 MPI_CONFIGS = ("np2", "np3", "2x2")
 
 WORLD = MPI.COMM_WORLD
