@@ -367,7 +367,7 @@ def _decode(data: bytes, source: int) -> dict[str, Any]:
         if isinstance(note, dict):
             return note
     except ValueError:
-        pass
+        pass  # not JSON: treated as below
     # Not ours after all (a program of its own used our tag): still a rank that is not here.
     return {"rank": source}
 

@@ -111,7 +111,7 @@ class PreparedKernels:
         try:
             return self._functions[kernel]
         except KeyError:
-            pass
+            pass  # first use: loaded below, under the lock (None is a stored answer too)
         with self._lock:
             if kernel not in self._functions:
                 self._functions[kernel] = self._load(kernel)
