@@ -340,8 +340,9 @@ class _Roll:
         self.MPI.Request.Waitall(list(self.arrived.values()) + self.sent)
 
 
-def announce(MPI: Any) -> None:
-    """Tell every other rank of MPI_COMM_WORLD that this one has ended before ``init()``.
+def announce(MPI: Any, how: str = "") -> None:
+    """Tell every other rank of MPI_COMM_WORLD that this one has ended before ``init()``
+    (``how``, if known: "sys.exit(3)", "raised KeyError").
 
     Not collective; returns after the messages went out, or after :data:`SEND_SECONDS` (a
     peer that has not started MPI yet receives them once it does: MPI_Finalize keeps them
@@ -352,7 +353,7 @@ def announce(MPI: Any) -> None:
     if size == 1:
         return
     note = bytearray(json.dumps({"rank": rank, "size": size, "host": socket.gethostname(),
-                                 "pid": os.getpid()}).encode())
+                                 "pid": os.getpid(), "how": how}).encode())
     requests = [world.Isend([note, MPI.BYTE], dest=peer, tag=TAG)
                 for peer in range(size) if peer != rank]
     deadline = time.monotonic() + SEND_SECONDS
@@ -375,9 +376,10 @@ def _decode(data: bytes, source: int) -> dict[str, Any]:
 def _left_message(note: dict[str, Any], me: int) -> str:
     where = ", ".join(f"{k} {note[k]}" for k in ("host", "pid") if k in note)
     size = f" of {note['size']}" if "size" in note else ""
+    how = str(note.get("how") or "sys.exit(), the end of its script, or an uncaught error with "
+                                  "MPITRAIN_ABORT_ON_ERROR=0")
     return (f"rank {note.get('rank', '?')}{size}{f' ({where})' if where else ''} ended before "
-            f"calling mpitrain.init() (sys.exit(), the end of its script, or an uncaught error "
-            f"with MPITRAIN_ABORT_ON_ERROR=0), while rank {me} waited for it in init(); "
+            f"calling mpitrain.init() ({how}), while rank {me} waited for it in init(); "
             "every rank must call init()")
 
 

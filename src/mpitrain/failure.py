@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import faulthandler
 import hashlib
 import io
 import os
@@ -51,8 +52,12 @@ def arm(comm: Any, topology: Topology) -> None:
 # ------------------------------------------------------------------ outside a session
 _installed_in: int | None = None  # the process that imported mpitrain (not a forked child)
 # Whether the program is known to end with a non-zero status: sys.exit(n != 0), or an
-# uncaught exception.  atexit handlers are not told the status, so it is noted on the way.
-_failing = {"known": False}
+# uncaught exception, and how it ends ("sys.exit(3)", "raised KeyError"), for the others'
+# message.  atexit handlers are not told the status, so it is noted on the way.
+_failing = {"known": False, "how": ""}
+# How long a rank ending with a non-zero status before init() waits in MPI_Init for the others
+# (to tell them, see _at_exit) before it ends with status 1 and leaves it to the launcher.
+FAILING_START_WAIT_S = 30.0
 
 
 def install_import_time_hooks() -> None:
@@ -100,6 +105,7 @@ def _note_exit_statuses() -> None:
 
     def exit_noting_status(status: Any = None) -> None:
         _failing["known"] = status is not None and status != 0
+        _failing["how"] = f"sys.exit({status!r})"
         original(status)
 
     exit_noting_status.__doc__ = original.__doc__
@@ -128,6 +134,7 @@ def handle_outside_session(exc_type: Any, exc: Any, tb: Any, previous: Any) -> N
     """An uncaught exception while no session runs: abort the job if others may wait for this
     rank (see :func:`install_import_time_hooks`), else hand it to ``previous``."""
     _failing["known"] = True  # Python ends with status 1 after an uncaught exception
+    _failing["how"] = f"raised {exc_type.__name__}"
     world = _waiting_world()
     if world is None or issubclass(exc_type, KeyboardInterrupt) or not _abort_wanted():
         _call_quietly(previous, exc_type, exc, tb)
@@ -154,16 +161,18 @@ def _at_exit() -> None:
         MPI = _running_mpi()
         if MPI is None:
             claim = launchers.detect()
-            if claim is None or claim.launcher.kind != "mpi" or _failing["known"]:
-                # No MPI job; or a non-zero status, on which the launcher ends the job itself
-                # (Open MPI: "exited with non-zero status") sooner than the others would hear.
-                return
+            if claim is None or claim.launcher.kind != "mpi":
+                return  # no MPI job
             # Under an MPI launcher the others' MPI_Init waits for this process to start MPI
             # (Open MPI counts a rank that ends with status 0 without it as finished): start
-            # it, so that they get as far as init(), where the announcement reaches them.
-            MPI = _mpi.load()
+            # it, so that they get as far as init(), where the announcement reaches them.  With
+            # a non-zero status the launcher should end the job itself, but Open MPI 5 does not
+            # always (CI saw rank 0 wait in MPI_Init for 150 s after rank 1 raised at import):
+            # so that rank tells the others too, giving them FAILING_START_WAIT_S to start MPI,
+            # and past that ends with status 1 for the launcher to act on.
+            MPI = _start_mpi(FAILING_START_WAIT_S if _failing["known"] else None)
         with contextlib.suppress(Exception):  # an MPI that broke must not stop the exit
-            departures.announce(MPI)
+            departures.announce(MPI, _failing["how"])
         return
     if now in (Phase.STARTING, Phase.FAILED):
         world = _waiting_world()
@@ -173,6 +182,20 @@ def _at_exit() -> None:
              "mpitrain.init() (sys.exit(), or an error caught and left behind); aborting all "
              "ranks (the others would wait for this one forever).")
         _abort()
+
+
+def _start_mpi(limit_s: float | None) -> Any:
+    """Start MPI for the departure announcement; with ``limit_s``, a C-level timer (it needs no
+    GIL, which MPI_Init holds while it waits) ends the process with status 1 if MPI has not
+    started by then."""
+    if limit_s is None:
+        return _mpi.load()
+    with open(os.devnull, "w") as quiet:
+        faulthandler.dump_traceback_later(limit_s, exit=True, file=quiet)
+        try:
+            return _mpi.load()
+        finally:
+            faulthandler.cancel_dump_traceback_later()
 
 
 def _running_mpi() -> Any:

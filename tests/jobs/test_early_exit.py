@@ -9,11 +9,12 @@ With elastic training (ULFM), the survivor goes on instead and finishes.
 What ends each job, and the message (docs/guide/reliability.md has the table):
 
 * mpitrain's own handling: an uncaught exception before (MPI running), in and after
-  ``init()`` (the abort hooks, :mod:`mpitrain.failure`); ``sys.exit()`` before ``init()``
-  (the departure announcement, :mod:`mpitrain.departures`), in ``init()`` (the exit hook
-  aborts), after ``init()`` (the engine's last round names the rank that shut down);
+  ``init()`` (the abort hooks, :mod:`mpitrain.failure`); ``sys.exit()`` before ``init()``,
+  and an uncaught exception there while MPI is not running (the departure announcement,
+  :mod:`mpitrain.departures`), in ``init()`` (the exit hook aborts), after ``init()`` (the
+  engine's last round names the rank that shut down);
 * Open MPI's runtime: a signal, and ``os._exit()`` once MPI runs ("exiting improperly"), and
-  a non-zero status before MPI starts ("exited with non-zero status").
+  ``os._exit(3)`` before MPI starts ("exited with non-zero status").
 
 The one case neither can bound, ``os._exit(0)`` before the rank ever started MPI, is the
 strict xfail below (Open MPI counts such a rank as finished, and the others' MPI_Init waits
@@ -23,6 +24,7 @@ for it inside the library).
 from __future__ import annotations
 
 import re
+import subprocess
 import sys
 import textwrap
 import time
@@ -56,9 +58,9 @@ SIGNALS = [("sigkill", SIGNALLED.format(9)), ("sigterm", SIGNALLED.format(15)),
 
 CASES = [
     # Before init(), MPI not started by the script.
-    ("raise", "before", NONZERO),
+    ("raise", "before", ANNOUNCED + r" \(raised RuntimeError\)"),
     ("exit0", "before", ANNOUNCED),
-    ("exit3", "before", NONZERO),
+    ("exit3", "before", ANNOUNCED + r" \(sys\.exit\(3\)\)"),
     ("os_exit3", "before", NONZERO),
     *[(how, "before", said) for how, said in SIGNALS],
     # Before init(), MPI started by the script (from mpi4py import MPI).
@@ -96,7 +98,11 @@ def _stamp(text: str, key: str) -> float | None:
 @pytest.mark.parametrize(("how", "when", "said"), CASES,
                          ids=[f"{how}-{when}" for how, when, _ in CASES])
 def test_the_job_ends_naming_the_rank_that_left(how, when, said):
-    result = run_job(2, [sys.executable, str(SCRIPT), how, when], timeout=150)
+    try:
+        result = run_job(2, [sys.executable, str(SCRIPT), how, when], timeout=150,
+                         stack_dump=True)
+    except subprocess.TimeoutExpired as hung:
+        pytest.fail(f"the job hung; its output, stacks included:\n{hung.output}\n{hung.stderr}")
     ended = time.time()
     output = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert result.returncode != 0, output

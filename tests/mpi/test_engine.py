@@ -29,10 +29,10 @@ def test_thousand_tiny_allreduces_travel_fused(hvd):
         counts.append(stats(hvd)["collectives"] - before)
     # A handful of fused collectives, not one per tensor.  A burst is cut when the submitter
     # pauses or a cycle time passes, and on a machine loaded far beyond its cores a descheduled
-    # submitter cuts it often (CI once saw [2, 141, 16]).  Without fusion every step costs
-    # 1000 collectives; so: every step fuses at least 4 tensors per collective on average, and
-    # the best of three (one quiet moment is enough) at least 25.
-    assert all(1 <= used <= 250 for used in counts), f"collectives per 1000 tensors: {counts}"
+    # submitter cuts it often (CI saw [2, 141, 16] and, at one rank, [2, 99, 360]).  So: every
+    # step fuses something (fewer collectives than tensors), and the best of three (one quiet
+    # moment is enough) at least 25 tensors per collective.
+    assert all(1 <= used < 1000 for used in counts), f"collectives per 1000 tensors: {counts}"
     assert min(counts) <= 40, f"collectives per 1000 tensors: {counts}"
     assert stats(hvd)["cached"] >= 1000
 
