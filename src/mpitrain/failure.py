@@ -54,7 +54,7 @@ _installed_in: int | None = None  # the process that imported mpitrain (not a fo
 # Whether the program is known to end with a non-zero status: sys.exit(n != 0), or an
 # uncaught exception, and how it ends ("sys.exit(3)", "raised KeyError"), for the others'
 # message.  atexit handlers are not told the status, so it is noted on the way.
-_failing = {"known": False, "how": ""}
+_failing: dict[str, Any] = {"known": False, "how": ""}
 # How long a rank ending with a non-zero status before init() waits in MPI_Init for the others
 # (to tell them, see _at_exit) before it ends with status 1 and leaves it to the launcher.
 FAILING_START_WAIT_S = 30.0
@@ -172,7 +172,7 @@ def _at_exit() -> None:
             # and past that ends with status 1 for the launcher to act on.
             MPI = _start_mpi(FAILING_START_WAIT_S if _failing["known"] else None)
         with contextlib.suppress(Exception):  # an MPI that broke must not stop the exit
-            departures.announce(MPI, _failing["how"])
+            departures.announce(MPI, str(_failing["how"]))
         return
     if now in (Phase.STARTING, Phase.FAILED):
         world = _waiting_world()

@@ -187,27 +187,37 @@ def test_shaped_link_benchmark_runs(cluster):
     assert "MPI's own through the engine takes" in text
 
 
-def test_elastic_survivors_continue_when_a_whole_host_dies(cluster, tmp_path):
+def test_a_whole_host_dying_ends_in_place_or_reported_never_hung(cluster, tmp_path):
     """mpitrainrun --min-np 2 (ULFM): rank 2 kills every process of its host in epoch 1,
-    Open MPI's daemon included; ranks 0 and 1 on the other host shrink the job to 2 ranks and
-    finish the training with equal parameters, every sample of every epoch seen.  (Open MPI
-    5.0.11 stops forwarding the survivors' output once a daemon is gone, so the evidence is
-    their log files, not their stdout.)"""
+    Open MPI's daemon included.  Open MPI 5.0.11 (PRRTE 3.0) ends the whole job when it loses a
+    daemon (its errmgr aborts on a daemon's comm failure, ULFM or not), unless the survivors
+    finish first: both happen, by timing (CI has seen each).  So either ranks 0 and 1 on the
+    other host shrank the job to 2 ranks and finished with equal parameters, every sample of
+    every epoch seen, or mpitrainrun exits non-zero naming the lost node; never a hang, never
+    an exit 0 with the survivors unfinished.  (Open MPI stops forwarding the survivors' output
+    once a daemon is gone, so the evidence is their log files, not their stdout.)"""
     script = ROOT / "tests" / "jobs" / "elastic_train.py"
     result = launch(cluster, [sys.executable, str(script), str(tmp_path),
                               json.dumps({"2": [1, 2, "host"]})],
                     ["--min-np", "2", "-x", "ELASTIC_TRAIN_NETNS_HOST=1"])
     output = result.stdout[-4000:] + result.stderr[-4000:]
-    assert result.returncode == 0, output
     logs = {int(p.stem[4:]): json.loads(p.read_text()) for p in tmp_path.glob("rank*.json")}
     assert sorted(logs) == [0, 1, 2, 3], output
     survivors = [logs[0], logs[1]]
-    for log in survivors:
-        assert log["sizes"] == [4, 2] and log.get("final_size") == 2, (log["sizes"], output)
-    assert logs[0]["params"] == logs[1]["params"]
     assert "params" not in logs[2] and "params" not in logs[3]
+    finished = [log.get("final_size") == 2 for log in survivors]
+    if result.returncode != 0:
+        print("whole host lost: Open MPI ended the job, mpitrainrun reported it")
+        assert not all(finished), f"the survivors finished, yet a failure\n{output}"
+        node = f"{cluster.name}-node2"
+        assert f"Open MPI lost the daemon of node {node}" in result.stderr, output
+        return
+    assert all(finished), ([log["sizes"] for log in survivors], output)
+    for log in survivors:
+        assert log["sizes"] == [4, 2], (log["sizes"], output)
+    assert logs[0]["params"] == logs[1]["params"]
     recovery = max(log["recovered_at"][0] for log in survivors) - logs[2]["died_at"]
-    print(f"whole-host recovery: {recovery:.3f} s")
+    print(f"whole host lost: the survivors finished in place, recovery {recovery:.3f} s")
     assert 0 < recovery < 30, recovery
     for epoch in range(3):
         seen = {i for log in logs.values() for e, batch in log["batches"] if e == epoch

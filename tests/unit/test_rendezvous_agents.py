@@ -17,7 +17,12 @@ from pathlib import Path
 
 import pytest
 
-from mpitrain.runner.launcher_report import DAEMON_LOST, StderrWatch
+from mpitrain.runner.launcher_report import (
+    DAEMON_GONE,
+    DAEMON_LOST,
+    OutputWatch,
+    lost_daemon_message,
+)
 from mpitrain.runner.rdzv_agent import NodeAgent, RendezvousFailed, exit_code
 from mpitrain.runner.rdzv_server import RendezvousServer
 from mpitrain.runner.rdzv_session import kill_session, session_members
@@ -324,7 +329,7 @@ def test_processes_left_in_a_session_are_found_and_ended():
 def test_a_lost_daemon_is_noticed_even_across_chunks_and_everything_is_copied():
     read_end, write_end = os.pipe()
     copied = io.BytesIO()
-    watch = StderrWatch(os.fdopen(read_end, "rb", buffering=0), copied)
+    watch = OutputWatch(os.fdopen(read_end, "rb", buffering=0), copied)
     text = b"rank output\n" + DAEMON_LOST + b" ... will terminate the job\n"
     cut = 12 + len(DAEMON_LOST) // 2
     os.write(write_end, text[:cut])
@@ -334,11 +339,34 @@ def test_a_lost_daemon_is_noticed_even_across_chunks_and_everything_is_copied():
     os.close(write_end)
     watch.join(10)
     assert watch.daemon_lost.is_set() and copied.getvalue() == text
+    assert watch.lost_node is None  # this report did not name the node
+
+
+def test_the_lost_daemons_node_is_named_when_open_mpi_says_it():
+    read_end, write_end = os.pipe()
+    watch = OutputWatch(os.fdopen(read_end, "rb", buffering=0), io.BytesIO())
+    os.write(write_end, DAEMON_LOST + b".\n\n  HNP daemon   : [prterun-vm-1@0,0] on node vm\n"
+             b"  Remote daemon: [prterun-vm-1@0,2] on node mt1-node2\n")
+    os.close(write_end)
+    watch.join(10)
+    assert watch.daemon_lost.is_set() and watch.lost_node == "mt1-node2"
+    assert "the daemon of node mt1-node2" in lost_daemon_message("mpitrainrun", watch.lost_node)
+
+
+def test_a_daemon_whose_remote_shell_ended_counts_as_lost_with_its_node():
+    read_end, write_end = os.pipe()
+    watch = OutputWatch(os.fdopen(read_end, "rb", buffering=0), io.BytesIO())
+    os.write(write_end, b"-----\n" + DAEMON_GONE + b". This could\nbe due to ... back to "
+             b"prterun:\n\n  Local host:    vm\n  Remote host:   mt1-node2\n"
+             b"  Daemon exit status: 0\n")
+    os.close(write_end)
+    watch.join(10)
+    assert watch.daemon_lost.is_set() and watch.lost_node == "mt1-node2"
 
 
 def test_ordinary_launcher_output_is_no_lost_daemon():
     read_end, write_end = os.pipe()
-    watch = StderrWatch(os.fdopen(read_end, "rb", buffering=0), io.BytesIO())
+    watch = OutputWatch(os.fdopen(read_end, "rb", buffering=0), io.BytesIO())
     os.write(write_end, b"prterun detected that one or more processes exited\n")
     os.close(write_end)
     watch.join(10)

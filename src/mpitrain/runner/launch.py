@@ -41,7 +41,7 @@ from .launch_options import (
     settings_from_args,
     user_env,
 )
-from .launcher_report import StderrWatch, lost_daemon_message
+from .launcher_report import LauncherWatch, lost_daemon_message
 from .mpi_command import (
     SRUN_MPI_PLUGINS,
     Flavor,
@@ -280,14 +280,13 @@ def check_hosts_resolve(hosts: Sequence[str]) -> None:
 def _run(argv: list[str]) -> int:
     """Run the launcher, passing SIGINT/SIGTERM on to it, and return its exit code (1 when
     Open MPI ended the job over a lost node and still exited 0, see .launcher_report)."""
-    proc = subprocess.Popen(argv, stderr=subprocess.PIPE)
-    assert proc.stderr is not None
-    watch = StderrWatch(proc.stderr)
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    watch = LauncherWatch(proc)
     with forwarding_signals(proc):
         code = proc.wait()
     watch.join(5.0)
-    if code == 0 and watch.daemon_lost.is_set():
-        print(lost_daemon_message("mpitrainrun"), file=sys.stderr)
+    if code == 0 and watch.daemon_lost:
+        print(lost_daemon_message("mpitrainrun", watch.lost_node), file=sys.stderr)
         return 1
     return code
 

@@ -11,23 +11,35 @@ no success: neither ``mpitrainrun`` nor the rendezvous agents report one.
 
 from __future__ import annotations
 
+import re
+import subprocess
 import sys
 import threading
+import time
 from typing import IO
 
-# Open MPI (PRRTE) 5.0's help text when a daemon goes away.
+# Open MPI (PRRTE) 5.0's words when a daemon goes away, each with the line naming its node:
+# its errmgr's report of a daemon it lost, and its launcher's of a daemon whose remote-shell
+# process (ssh, or the agent of plm_ssh_agent) ended; after either it ends the job, and after
+# the second it may also exit 0 (seen on the namespace cluster when a whole host was killed).
 DAEMON_LOST = b"PRTE has lost communication with a remote daemon"
+DAEMON_GONE = b"A daemon failed to report back after being spawned"
+_NODE_LINES = {DAEMON_LOST: re.compile(rb"Remote daemon:\s*\S+\s+on node\s+(\S+)"),
+               DAEMON_GONE: re.compile(rb"Remote host:\s*(\S+)")}
+_KEEP = 4096  # bytes of output kept to find the node's name after the marker
 
 
-class StderrWatch:
-    """Copy ``stream`` to this process's stderr in a thread, noting whether the launcher
-    reported a lost daemon."""
+class OutputWatch:
+    """Copy one of the launcher's output streams to ``out`` (this process's stderr unless
+    given) in a thread, noting whether the launcher reported a lost daemon there (PRRTE writes
+    some of its reports to stdout, some to stderr: watch both, :func:`watch_launcher`)."""
 
     def __init__(self, stream: IO[bytes], out: IO[bytes] | None = None) -> None:
         self.stream = stream
         self.out = out if out is not None else sys.stderr.buffer
         self.daemon_lost = threading.Event()
-        self._thread = threading.Thread(target=self._copy, name="launcher-stderr", daemon=True)
+        self.lost_node: str | None = None  # the node whose daemon was lost, once named
+        self._thread = threading.Thread(target=self._copy, name="launcher-output", daemon=True)
         self._thread.start()
 
     def _copy(self) -> None:
@@ -39,19 +51,49 @@ class StderrWatch:
                 return
             self.out.write(chunk)
             self.out.flush()
-            # The marker may straddle two chunks.
-            if DAEMON_LOST in tail + chunk:
-                self.daemon_lost.set()
-            tail = (tail + chunk)[-len(DAEMON_LOST):]
+            # The marker (and the node's line after it) may straddle chunks.
+            tail = (tail + chunk)[-_KEEP:]
+            for marker, node_line in _NODE_LINES.items():
+                if marker in tail:
+                    self.daemon_lost.set()
+                    found = node_line.search(tail[tail.find(marker):])
+                    if found and self.lost_node is None:
+                        self.lost_node = found.group(1).decode(errors="replace")
 
     def join(self, timeout_s: float) -> None:
         """Wait (bounded: a rank that inherited the pipe may keep it open) for the copy."""
         self._thread.join(timeout_s)
 
 
-def lost_daemon_message(launcher: str) -> str:
-    return (f"{launcher}: Open MPI lost a node's daemon and ended the job before the ranks "
-            "finished (it exits 0 even so); reporting failure")
+class LauncherWatch:
+    """Both output streams of a launcher started with ``stdout=PIPE, stderr=PIPE``, copied to
+    this process's own, and what they said about lost daemons."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None and proc.stderr is not None
+        self.watches = (OutputWatch(proc.stdout, sys.stdout.buffer),
+                        OutputWatch(proc.stderr, sys.stderr.buffer))
+
+    @property
+    def daemon_lost(self) -> bool:
+        return any(w.daemon_lost.is_set() for w in self.watches)
+
+    @property
+    def lost_node(self) -> str | None:
+        return next((w.lost_node for w in self.watches if w.lost_node), None)
+
+    def join(self, timeout_s: float) -> None:
+        """Wait for both copies, ``timeout_s`` in all."""
+        end = time.monotonic() + timeout_s
+        for watch in self.watches:
+            watch.join(max(0.0, end - time.monotonic()))
 
 
-__all__ = ["DAEMON_LOST", "StderrWatch", "lost_daemon_message"]
+def lost_daemon_message(launcher: str, node: str | None = None) -> str:
+    which = f"the daemon of node {node}" if node else "a node's daemon"
+    return (f"{launcher}: Open MPI lost {which} and ended the job before the ranks finished "
+            "(it exits 0 even so); reporting failure (elastic training survives lost ranks in "
+            "place, but Open MPI 5.0 ends the whole job when a node's daemon goes)")
+
+
+__all__ = ["DAEMON_GONE", "DAEMON_LOST", "LauncherWatch", "OutputWatch", "lost_daemon_message"]

@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-from .launcher_report import StderrWatch
+from .launcher_report import LauncherWatch
 from .mpi_command import Flavor
 from .rdzv_agent import NodeAgent, RendezvousFailed, exit_code
 from .rdzv_options import RendezvousOptions
@@ -211,7 +211,7 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
         try:
             # A session of its own, so that ranks it leaves behind can be found (rdzv_session).
             proc = subprocess.Popen(argv, env=dict(job_env), start_new_session=True,
-                                    stderr=subprocess.PIPE)
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         except OSError as exc:
             failure = f"cannot start the MPI launcher {argv[0]!r}: {exc}"
             log(failure)
@@ -222,8 +222,8 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
             stopped.append(f"{me} was stopped by {signal.Signals(signum).name}")
             proc.send_signal(signum)  # mpirun ends the job on every node
 
-        assert proc.stderr is not None
-        report = StderrWatch(proc.stderr)
+        report = LauncherWatch(proc)
+
         def exited() -> None:
             proc.wait()
             events.put((None, None))
@@ -247,7 +247,7 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
             code = exit_code(proc.wait())
             kill_session(proc.pid)
         report.join(LAUNCHER_GRACE_S)
-    if failure is None and gone and report.daemon_lost.is_set():
+    if failure is None and gone and report.daemon_lost:
         failure = (f"{gone[0]} was lost and Open MPI ended the job (a lost node's daemon ends "
                    f"it even with ULFM), although it exited {code}")
     if failure is None and code != 0:
