@@ -27,6 +27,7 @@ from . import (
     _mpi,  # noqa: F401 - first: importing it sets what MPI reads when it starts
     departures,
     failure,
+    torch_adapters,
 )
 from .version import __version__ as __version__
 
@@ -34,6 +35,9 @@ from .version import __version__ as __version__
 failure.install_import_time_hooks()
 # With a start timeout, no rank waits in MPI_Init for ever for one that never starts MPI.
 departures.watch_mpi_start()
+# init() tells torch-based libraries the job is distributed (job_env): their env://
+# rendezvous must then find mpitrain's, whether torch is loaded yet or not.
+departures.when_running(torch_adapters.register_when_torch_loads)
 
 if TYPE_CHECKING:
     from ._face import *  # noqa: F403 - the names type checkers see; loaded lazily below

@@ -54,6 +54,7 @@ import signal
 import socket
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .errors import MpitrainInternalError, ranks_text
@@ -85,6 +86,7 @@ class Phase(enum.Enum):
 
 
 _phase = Phase.BEFORE
+_running_hooks: list[Callable[[], None]] = []
 _pending: list[Any] = []  # requests and buffers MPI may still use after we stopped waiting
 # The start timeout's watchdog process and the pipe whose closing stops it, while MPI starts.
 _watchdog: list[int] = []
@@ -97,9 +99,20 @@ def phase() -> Phase:
 
 
 def enter(new: Phase) -> None:
-    """Record where this process stands (called by the runtime and the session)."""
+    """Record where this process stands (called by the runtime and the session); on entering
+    :data:`Phase.RUNNING`, run the :func:`when_running` hooks."""
     global _phase
     _phase = new
+    if new is Phase.RUNNING:
+        for hook in list(_running_hooks):
+            hook()
+
+
+def when_running(hook: Callable[[], None]) -> None:
+    """Have ``hook`` run each time ``init()`` has started mpitrain: what faces register at
+    ``import mpitrain`` (torch.distributed's backend, :mod:`mpitrain.torch_adapters`)."""
+    if hook not in _running_hooks:
+        _running_hooks.append(hook)
 
 
 def gate(MPI: Any, start_timeout: float = 0.0) -> None:
@@ -384,4 +397,4 @@ def _left_message(note: dict[str, Any], me: int) -> str:
 
 
 __all__ = ["TAG", "TAG_ARRIVED", "TAG_VERDICT", "Phase", "announce", "enter", "gate", "phase",
-           "process_age"]
+           "process_age", "when_running"]

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _mpi, departures, finalize, runtime, survivors, torch_adapters
+from . import _mpi, departures, finalize, runtime, survivors
 from .departures import Phase
 from .engine.device import cuda_awareness
 from .engine.engine import Engine
@@ -71,15 +71,13 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
             departures.enter(Phase.FAILED)
             raise
         _engine = engine
-        departures.enter(Phase.RUNNING)
         _job_comm = comm
+        # Runs the faces' hooks too (departures.when_running): torch.distributed's backend.
+        departures.enter(Phase.RUNNING)
         global_process_set.ranks = list(range(state.topology.size))
         if not _atexit_registered:
             atexit.register(shutdown)
             _atexit_registered = True
-    # init() told torch-based libraries the job is distributed (job_env): their env://
-    # rendezvous must then find mpitrain's, whether torch is loaded yet or not.
-    torch_adapters.register_when_torch_loads()
     if process_sets is not None and not isinstance(process_sets, str):
         for ps in process_sets:
             add_process_set(ps)

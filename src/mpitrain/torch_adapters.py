@@ -8,6 +8,8 @@ rendezvous, which also wants ``MASTER_ADDR``/``MASTER_PORT``: mpirun sets neithe
 registers the "mpitrain" backend.  ``import mpitrain`` must not import torch (a numpy or
 TensorFlow job never pays for it), so :func:`register_when_torch_loads` registers now if torch
 is loaded, and otherwise once the program imports it: a one-shot import hook on ``torch``.
+``import mpitrain`` has every ``init()`` call it (:func:`mpitrain.departures.when_running`):
+a face's hook, so that the session below never names the torch face above it.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ def _register() -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available():  # a torch built without distributed support
         return
+    # By name: the torch face loads only where the program has loaded torch.
     importlib.import_module("mpitrain.torch.c10d").register()
 
 
