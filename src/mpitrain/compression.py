@@ -1,114 +1,14 @@
-"""Gradient compression: shrink floating tensors for the wire, restore them after.
-
-``Compression.fp16`` and ``Compression.bf16`` halve the bytes of float32/float64 tensors;
-other dtypes pass through unchanged.  bfloat16 keeps float32's range (no overflow for large
-gradients) at a coarser precision; Horovod has no bf16 compressor.
-
-``Compression.powersgd(...)``, ``.topk(...)`` and ``.onebit()`` make stateful compressors with
-error feedback (:mod:`mpitrain.compressors`): objects, one per model, for
-``DistributedOptimizer`` and the DDP drop-in's ``register_comm_hook``.
+"""Gradient compression, by Horovod's names: ``Compression.none``, ``.fp16``, ``.bf16`` (the
+casts of :mod:`mpitrain.casts`), and ``Compression.powersgd(...)``, ``.topk(...)`` and
+``.onebit()``, which make stateful compressors with error feedback
+(:mod:`mpitrain.compressors`): objects, one per model, for ``DistributedOptimizer`` and the DDP
+drop-in's ``register_comm_hook``.
 """
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-
-from .arrays import is_torch, loaded_torch
-
-if TYPE_CHECKING:
-    from .compressors import OneBit, PowerSGD, TopK
-
-
-class Compressor(ABC):
-    """Interface: ``compress`` returns (wire tensor, context); ``decompress`` undoes it.
-
-    ``wire_dtype`` names the element type a compressor that only casts sends float32/float64
-    tensors as (None for anything else): DistributedOptimizer then keeps 16-bit wire buckets
-    and casts into them in place instead of calling ``compress`` per tensor.
-    """
-
-    wire_dtype: str | None = None
-
-    @staticmethod
-    @abstractmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        """Return the tensor to send and whatever ``decompress`` needs to undo it."""
-
-    @staticmethod
-    @abstractmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        """Return ``tensor`` restored to its original form."""
-
-
-class NoneCompressor(Compressor):
-    """Send tensors as they are."""
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        return tensor, None
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        return tensor
-
-
-def _is_wide_float(tensor: Any) -> bool:
-    if is_torch(tensor):
-        torch = loaded_torch()
-        return tensor.dtype in (torch.float32, torch.float64)
-    return isinstance(tensor, np.ndarray) and tensor.dtype in (np.float32, np.float64)
-
-
-class FP16Compressor(Compressor):
-    """Send float32/float64 tensors as float16."""
-
-    wire_dtype = "float16"
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        if not _is_wide_float(tensor):
-            return tensor, None
-        if is_torch(tensor):
-            return tensor.to(loaded_torch().float16), tensor.dtype
-        return tensor.astype(np.float16), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        if ctx is None:
-            return tensor
-        if is_torch(tensor):
-            return tensor.to(ctx)
-        return tensor.astype(ctx)
-
-
-class BF16Compressor(Compressor):
-    """Send float32/float64 torch tensors as bfloat16 (numpy arrays need ml_dtypes)."""
-
-    wire_dtype = "bfloat16"
-
-    @staticmethod
-    def compress(tensor: Any) -> tuple[Any, Any]:
-        if not _is_wide_float(tensor):
-            return tensor, None
-        if is_torch(tensor):
-            return tensor.to(loaded_torch().bfloat16), tensor.dtype
-        try:
-            import ml_dtypes  # optional: only bf16 compression of numpy arrays needs it
-        except ImportError:
-            raise TypeError("Compression.bf16 on numpy arrays needs the ml_dtypes package; "
-                            "use torch tensors or Compression.fp16") from None
-        return tensor.astype(ml_dtypes.bfloat16), tensor.dtype
-
-    @staticmethod
-    def decompress(tensor: Any, ctx: Any) -> Any:
-        if ctx is None:
-            return tensor
-        if is_torch(tensor):
-            return tensor.to(ctx)
-        return tensor.astype(ctx)
+from .casts import BF16Compressor, Compressor, FP16Compressor, NoneCompressor
+from .compressors import OneBit, PowerSGD, TopK
 
 
 class Compression:
@@ -125,18 +25,18 @@ class Compression:
                  batch_same_shape: bool = False) -> PowerSGD:
         """Low-rank compression, torch's ``powerSGD_hook`` step for step (see
         :class:`mpitrain.compressors.PowerSGD`)."""
-        from .compressors import PowerSGD  # deferred: it uses collectives, which import this
         return PowerSGD(rank, start_iter, min_compression_rate, use_error_feedback,
                         warm_start, orthogonalization_epsilon, seed, batch_same_shape)
 
     @staticmethod
     def topk(ratio: float = 0.01) -> TopK:
         """The ``ratio`` largest entries of each gradient, with error feedback."""
-        from .compressors import TopK  # deferred: it uses collectives, which import this
         return TopK(ratio)
 
     @staticmethod
     def onebit() -> OneBit:
         """Signs and one scale per gradient, with error feedback."""
-        from .compressors import OneBit  # deferred: it uses collectives, which import this
         return OneBit()
+
+
+__all__ = ["BF16Compressor", "Compression", "Compressor", "FP16Compressor", "NoneCompressor"]

@@ -30,7 +30,7 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 GROUND = {"_mpi", "adasum_layout", "binding", "config", "departures", "dtypes", "elastic_control",
           "errors", "failure", "finalize", "job_env", "launchers", "memory", "private",
           "process_sets", "runtime", "survivors", "topology", "version"}
-FRONT_DOOR = {"collectives", "arrays", "compression", "compressors"}
+FRONT_DOOR = {"collectives", "arrays", "casts", "compression", "compressors"}
 ADAPTERS = {"torch", "tensorflow", "keras", "kvstore", "mxnet", "files", "scopes", "_face",
             "tensor_ops", "info", "elastic", "torch_adapters"}
 
@@ -168,10 +168,10 @@ def import_graph(modules: dict[str, Path]) -> dict[str, set[str]]:
     graph = {m: {t for imp in imports_of(m, modules) for t in mpitrain_targets(imp, modules)
                  if t in modules and t != m}
              for m in modules}
-    # A package's __init__ importing its own submodules is how packages are built, and a
-    # submodule importing a sibling through the package is resolved by then: leave those out.
-    return {m: {t for t in targets if not m.startswith(t + ".") and not t.startswith(m + ".")}
-            for m, targets in graph.items()}
+    # A submodule importing a name through its own package (``from . import x``) finds the
+    # package being built by then: leave those edges out.  A package's ``__init__`` importing
+    # its submodules stays in: the package depends on them.
+    return {m: {t for t in targets if not m.startswith(t + ".")} for m, targets in graph.items()}
 
 
 def find_cycle(graph: dict[str, set[str]]) -> list[str]:

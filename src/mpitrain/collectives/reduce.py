@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import arrays
-from ..compression import Compression, Compressor
+from ..casts import Compressor, NoneCompressor
 from ..dtypes import check_reduce_supported
 from ..engine.request import Entry, Handle, Kind, Request
 from ..process_sets import ProcessSet, global_process_set, set_id_of
@@ -91,7 +91,7 @@ def allreduce_async_(tensor: Any, average: bool | None = None, name: str | None 
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
-              compression: type[Compressor] = Compression.none, op: Any = None,
+              compression: type[Compressor] = NoneCompressor, op: Any = None,
               prescale_factor: float = 1.0, postscale_factor: float = 1.0,
               process_set: ProcessSet = global_process_set) -> Any:
     """Reduce ``tensor`` across the process set and return the result as a new tensor.
@@ -134,7 +134,7 @@ def grouped_allreduce_async_(tensors: Sequence[Any], average: bool | None = None
 
 
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
-                      name: str | None = None, compression: type[Compressor] = Compression.none,
+                      name: str | None = None, compression: type[Compressor] = NoneCompressor,
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[Any]:
     """Reduce a list of tensors together; returns new tensors in the same order."""
@@ -198,7 +198,7 @@ def reducescatter_async(tensor: Any, name: str | None = None, op: Any = Average,
 
 
 def reducescatter(tensor: Any, name: str | None = None,
-                  compression: type[Compressor] = Compression.none, op: Any = Average,
+                  compression: type[Compressor] = NoneCompressor, op: Any = Average,
                   process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
                   postscale_factor: float = 1.0) -> Any:
     """Reduce ``tensor`` across ranks and return this rank's block of rows.
@@ -223,7 +223,7 @@ def grouped_reducescatter_async(tensors: Sequence[Any], name: str | None = None,
 
 
 def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
-                          compression: type[Compressor] = Compression.none, op: Any = Average,
+                          compression: type[Compressor] = NoneCompressor, op: Any = Average,
                           process_set: ProcessSet = global_process_set,
                           prescale_factor: float = 1.0,
                           postscale_factor: float = 1.0) -> list[Any]:
