@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import shutil
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -224,3 +226,30 @@ def run_pytest_job(np: int, pytest_args: Sequence[str], env: Mapping[str, str], 
                     f"--- rank 0 stdout ---\n{result.stdout[-12000:]}\n--- stderr ---\n"
                     f"{result.stderr[-6000:]}{logs}", pytrace=False)
     return result.stdout
+
+
+def netns_tool() -> Any:
+    """tools/netns_cluster.py, loaded once as module ``netns_cluster`` (its dataclasses look
+    their module up in sys.modules)."""
+    loaded = sys.modules.get("netns_cluster")
+    if loaded is not None:
+        return loaded
+    spec = importlib.util.spec_from_file_location("netns_cluster",
+                                                  ROOT / "tools" / "netns_cluster.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["netns_cluster"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def require_namespace_cluster() -> None:
+    """Skip the calling test when namespace hosts cannot be made here (root, ip, tc, unshare),
+    saying what is missing; fail instead under ``MPITRAIN_TEST_REQUIRE_NETNS=1`` (CI)."""
+    import pytest  # deferred: support is imported by scripts that run without pytest too
+
+    reason = netns_tool().missing_requirements(probe=True)
+    if reason and os.environ.get("MPITRAIN_TEST_REQUIRE_NETNS") == "1":
+        pytest.fail(f"namespace cluster required but unavailable: {reason}")
+    if reason:
+        pytest.skip(f"namespace cluster unavailable: {reason}")

@@ -6,7 +6,6 @@ hang, every fault recovered, identical final parameters, nothing left in /dev/sh
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,23 +13,14 @@ import sys
 
 import pytest
 
-from support import ROOT
+from support import ROOT, netns_tool, require_namespace_cluster
 
-_spec = importlib.util.spec_from_file_location("netns_cluster", ROOT / "tools" /
-                                               "netns_cluster.py")
-assert _spec is not None and _spec.loader is not None
-netns = importlib.util.module_from_spec(_spec)
-sys.modules.setdefault("netns_cluster", netns)
-_spec.loader.exec_module(netns)
+netns = netns_tool()
 
 
 @pytest.mark.timeout(900)
 def test_short_chaos_soak_recovers_every_fault_and_leaves_nothing(tmp_path):
-    reason = netns.missing_requirements(probe=True)
-    if reason:
-        if os.environ.get("MPITRAIN_TEST_REQUIRE_NETNS") == "1":
-            pytest.fail(f"namespace cluster required but unavailable: {reason}")
-        pytest.skip(f"namespace cluster unavailable: {reason}")
+    require_namespace_cluster()
     rundir = tmp_path / "soak"
     result = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "chaos_soak.py"), "--minutes", "1.5",

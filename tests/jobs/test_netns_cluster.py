@@ -8,7 +8,6 @@ links, /etc/hosts lines and state, also when a test fails.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -18,32 +17,20 @@ from pathlib import Path
 import pytest
 
 from mpitrain import config
-from support import ROOT, job_env
+from support import ROOT, job_env, netns_tool, require_namespace_cluster
 
 pytestmark = pytest.mark.netns
 
-_spec = importlib.util.spec_from_file_location("netns_cluster", ROOT / "tools" /
-                                               "netns_cluster.py")
-assert _spec is not None and _spec.loader is not None
-netns = importlib.util.module_from_spec(_spec)
-sys.modules["netns_cluster"] = netns  # dataclasses look their module up there
-_spec.loader.exec_module(netns)
+netns = netns_tool()
 
 HOSTS, SLOTS = 2, 2
 JOB_TIMEOUT = 240
 
 
-def _skip_or_fail(reason: str) -> None:
-    if os.environ.get("MPITRAIN_TEST_REQUIRE_NETNS") == "1":
-        pytest.fail(f"namespace cluster required but unavailable: {reason}")
-    pytest.skip(f"namespace cluster unavailable: {reason}")
-
 
 @pytest.fixture(scope="module")
 def cluster():
-    reason = netns.missing_requirements(probe=True)
-    if reason:
-        _skip_or_fail(reason)
+    require_namespace_cluster()
     c = netns.Cluster(f"mt{os.getpid() % 100000}", HOSTS, SLOTS)
     try:
         c.create()
@@ -81,9 +68,7 @@ def launch(c, command: list[str], launcher_args: list[str] = (), np: int = HOSTS
 
 
 def test_cluster_is_removed_even_when_the_body_fails():
-    reason = netns.missing_requirements(probe=True)
-    if reason:
-        _skip_or_fail(reason)
+    require_namespace_cluster()
     name = f"mz{os.getpid() % 100000}"
     with pytest.raises(RuntimeError, match="on purpose"), netns.Cluster(name, hosts=2) as c:
         assert c.exists() and traces(name)
@@ -227,9 +212,7 @@ def test_a_whole_host_dying_ends_in_place_or_reported_never_hung(cluster, tmp_pa
 
 @pytest.fixture(scope="module")
 def cluster3():
-    reason = netns.missing_requirements(probe=True)
-    if reason:
-        _skip_or_fail(reason)
+    require_namespace_cluster()
     c = netns.Cluster(f"m3{os.getpid() % 100000}", 3, SLOTS)
     try:
         c.create()

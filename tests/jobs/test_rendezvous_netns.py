@@ -14,7 +14,6 @@ skips saying which is missing, unless ``MPITRAIN_TEST_REQUIRE_NETNS=1`` (CI) mak
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import shlex
@@ -27,17 +26,12 @@ from pathlib import Path
 import pytest
 
 from mpitrain.runner.rdzv_wire import SECRET_VARIABLE
-from support import ROOT, job_env
+from support import ROOT, job_env, netns_tool, require_namespace_cluster
 
 # Each test bounds its own waits; this is the backstop should one of them not.
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(900)]
 
-_spec = importlib.util.spec_from_file_location("netns_cluster", ROOT / "tools" /
-                                               "netns_cluster.py")
-assert _spec is not None and _spec.loader is not None
-netns = importlib.util.module_from_spec(_spec)
-sys.modules["netns_cluster"] = netns  # dataclasses look their module up there
-_spec.loader.exec_module(netns)
+netns = netns_tool()
 
 NODES, SLOTS = 3, 2
 JOB_TIMEOUT = 240
@@ -50,17 +44,10 @@ DIGITS_ARGS = ["--epochs", "1", "--batch-size", "64", "--no-progress"]  # 4 step
 ALGORITHM: list[str] = []
 
 
-def _skip_or_fail(reason: str) -> None:
-    if os.environ.get("MPITRAIN_TEST_REQUIRE_NETNS") == "1":
-        pytest.fail(f"namespace cluster required but unavailable: {reason}")
-    pytest.skip(f"namespace cluster unavailable: {reason}")
-
 
 @pytest.fixture(scope="module")
 def cluster():
-    reason = netns.missing_requirements(probe=True)
-    if reason:
-        _skip_or_fail(reason)
+    require_namespace_cluster()
     c = netns.Cluster(f"rz{os.getpid() % 100000}", NODES, SLOTS)
     try:
         c.create()
