@@ -76,6 +76,15 @@ class GradientReducer(ABC):
         assert isinstance(started, _Deferred)
         self.reduce(started.tensors, started.key, last, started.average)
 
+    def complete(self, begun: Sequence[Any]) -> None:
+        """Advance every begun bucket of a step, then finish each (the last one as the step's
+        last), in bucket order: the end of a step for DistributedOptimizer and the DDP
+        drop-in alike."""
+        for started in begun:
+            self.advance(started)
+        for i, started in enumerate(begun):
+            self.finish(started, last=i == len(begun) - 1)
+
     @abstractmethod
     def state_dict(self) -> dict[str, Any]:
         """This rank's state: enough to continue bit for bit after :meth:`load_state_dict`."""

@@ -71,11 +71,7 @@ class CompressedBuckets:
         hold their averages."""
         try:
             self._begin(gradients, everything=True)
-            for started in self._started:
-                self.compressor.advance(started)
-            last = len(self._started) - 1
-            for i, started in enumerate(self._started):
-                self.compressor.finish(started, last=i == last)
+            self.compressor.complete(self._started)
         finally:
             self.reset()
 

@@ -20,22 +20,22 @@ torch), raised after the reduction so the other ranks are not left waiting.
 Within ``no_sync()`` hooks only note which parameters received gradients; the next synchronised
 backward reduces everything accumulated since.
 
-A communication hook (``register_comm_hook``) replaces the averaged allreduce of each bucket:
-a stateful compressor of :mod:`mpitrain.compressors` (PowerSGD, top-k, 1-bit) averages the
-bucket's gradients itself, or a torch hook (``hook(state, bucket) -> Future``, torch's own
-``allreduce_hook``, ``fp16_compress_hook``, ``powerSGD_hook`` ... among them) gets a
-:class:`GradBucket` with torch's methods; torch's hooks whose group is None reduce over torch's
-default group, created over mpitrain when none exists (:mod:`.torch_hooks`).  Buckets begin
-as they fill, strictly in bucket order, while backward runs: a compressor's first stage
-(PowerSGD sends its P factors), or torch's one-collective hooks (``allreduce_hook``,
-``fp16_compress_hook``, ``bf16_compress_hook``), whose allreduce then overlaps the rest of
-backward as under torch's reducer.  Any other torch hook runs for each bucket at the end of
-backward, each waited for before the next: such a hook may chain collectives in its futures'
-callbacks (torch's ``powerSGD_hook`` does), which run on whichever thread completes the
-previous one, so two buckets in flight would issue them in different orders on different
-ranks.  At the end of backward a compressor's buckets are advanced and finished, and the
-hooks' futures waited for, in bucket order.  Either way every rank makes the hook's
-collectives in the same order.
+A communication hook (``register_comm_hook``) replaces the averaged allreduce of each bucket
+(:mod:`.comm_hooks` holds both kinds): a stateful compressor of :mod:`mpitrain.compressors`
+(PowerSGD, top-k, 1-bit) averages the bucket's gradients itself, or a torch hook
+(``hook(state, bucket) -> Future``, torch's own ``allreduce_hook``, ``fp16_compress_hook``,
+``powerSGD_hook`` ... among them) gets a GradBucket with torch's methods; torch's hooks whose
+group is None reduce over torch's default group, created over mpitrain when none exists
+(:mod:`.torch_hooks`).  Buckets begin as they fill, strictly in bucket order, while backward
+runs: a compressor's first stage (PowerSGD sends its P factors), or torch's one-collective
+hooks (``allreduce_hook``, ``fp16_compress_hook``, ``bf16_compress_hook``), whose allreduce
+then overlaps the rest of backward as under torch's reducer.  Any other torch hook runs for
+each bucket at the end of backward, each waited for before the next: such a hook may chain
+collectives in its futures' callbacks (torch's ``powerSGD_hook`` does), which run on whichever
+thread completes the previous one, so two buckets in flight would issue them in different
+orders on different ranks.  At the end of backward a compressor's buckets are advanced and
+finished, and the hooks' futures waited for, in bucket order.  Either way every rank makes the
+hook's collectives in the same order.
 """
 
 from __future__ import annotations
@@ -44,52 +44,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .... import arrays, collectives, runtime
 from ....collectives import Handle
 from ....collectives.buckets import Bucket, gradient_buckets
-from ....compressors import GradientReducer
 from ....process_sets import ProcessSet
-from .torch_hooks import check_hook_group, ensure_default_group_for
-
-
-class GradBucket:
-    """torch.distributed.GradBucket's methods over one of the reducer's buckets.
-
-    The hook gets a copy of the bucket's gradients in memory torch owns: the bucket itself
-    lives in memory the engine allocated, which torch cannot resize, and torch's
-    ``batched_powerSGD_hook`` pads its buffer in place with ``resize_``.  As in torch's
-    reducer, ``set_buffer`` replaces the tensor the hook works on (torch's
-    ``fp16_compress_wrapper`` hands the wrapped hook a float16 copy this way), and
-    ``gradients()`` are views of whichever buffer is current; the reducer copies the hook's
-    result back into the bucket, converting its dtype.
-    """
-
-    def __init__(self, bucket: Bucket, count: int) -> None:
-        self._bucket = bucket
-        self._count = count
-        self._buffer = bucket.flat[:bucket.numel].clone()
-        base = bucket.flat.storage_offset()
-        self._layout = [(v.storage_offset() - base, v.numel(), v.shape) for v in bucket.views]
-
-    def index(self) -> int:
-        return self._bucket.index
-
-    def buffer(self) -> torch.Tensor:
-        return self._buffer
-
-    def set_buffer(self, buffer: torch.Tensor) -> None:
-        self._buffer = buffer
-
-    def gradients(self) -> list[torch.Tensor]:
-        return [self._buffer[start:start + n].view(shape) for start, n, shape in self._layout]
-
-    def parameters(self) -> list[torch.Tensor]:
-        return list(self._bucket.params)
-
-    def is_last(self) -> bool:
-        return self._bucket.index == self._count - 1
+from .comm_hooks import CompressorHook, TorchHook, comm_hook_for
 
 
 def _tensors_in(obj: Any) -> Iterable[torch.Tensor]:
@@ -118,21 +78,6 @@ def reachable_parameters(outputs: Any) -> set[int]:
             found.add(id(variable))
         stack.extend(nxt for nxt, _ in fn.next_functions if nxt is not None)
     return found
-
-
-# torch's hooks that make one collective per bucket (no collective in a callback).
-_ONE_COLLECTIVE_HOOKS = (default_hooks.allreduce_hook, default_hooks.fp16_compress_hook,
-                         default_hooks.bf16_compress_hook)
-
-
-def _begins_in_backward(comm_hook: Any) -> bool:
-    """Whether buckets start while backward runs (see the module docstring): a compressor,
-    or one of torch's hooks that makes a single collective per bucket."""
-    if isinstance(comm_hook, GradientReducer):
-        return True
-    hook = comm_hook[1]
-    hook = getattr(hook, "func", hook)  # functools.partial, as torch's registry wraps them
-    return any(hook is known for known in _ONE_COLLECTIVE_HOOKS)
 
 
 class Reducer:
@@ -164,9 +109,8 @@ class Reducer:
         self._armed = False  # a synchronised forward ran; its backward must reduce
         self._callback_queued = False
         self.submitted_in_backward = 0  # buckets sent from hooks, before backward ended
-        self._comm_hook: Any = None  # a GradientReducer, or torch's (state, hook) pair
-        self._torch_group_checked = False  # a torch hook's default group made if needed
-        # A GradientReducer's buckets: complete ones, and those begun (in bucket order).
+        self._comm_hook: CompressorHook | TorchHook | None = None
+        # With a hook: the complete buckets, and those begun (in bucket order).
         self._hook_ready: set[int] = set()
         self._begun: list[Any] = []
         self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient) for p in params]
@@ -234,23 +178,11 @@ class Reducer:
         if self._find_unused:
             raise ValueError("communication hooks are not supported with "
                              "find_unused_parameters=True in mpitrain's DistributedDataParallel")
-        if isinstance(hook, GradientReducer):
-            self._comm_hook = hook.bind(self._process_set)
-        elif callable(hook):
-            check_hook_group(state, hook, self._process_set)
-            self._comm_hook = (state, hook)
-        else:
-            raise TypeError(f"hook must be a callable hook(state, bucket) -> Future or a "
-                            f"stateful compressor such as hvd.Compression.powersgd(), got "
-                            f"{hook!r}")
-
-    @property
-    def comm_hook(self) -> Any:
-        return self._comm_hook
+        self._comm_hook = comm_hook_for(state, hook, self._process_set)
 
     def _submit(self, bucket: Bucket) -> None:
         if self._comm_hook is not None:
-            if _begins_in_backward(self._comm_hook):
+            if self._comm_hook.begins_in_backward:
                 self._hook_ready.add(bucket.index)
                 self._begin_hooked()
             return  # otherwise reduced by the hook at the end of backward, in bucket order
@@ -283,7 +215,7 @@ class Reducer:
             for index in sorted(self._handles):
                 self._handles[index].wait()
             if self._comm_hook is not None:
-                self._run_comm_hook()
+                self._comm_hook.finish(self.buckets, self._begun)
         finally:
             self._handles = {}
             self._reset()
@@ -300,41 +232,11 @@ class Reducer:
 
     def _begin_hooked(self) -> None:
         """Begin every complete bucket whose turn has come (bucket order, the same calls on
-        every rank: the compressor's stages submit collectives)."""
+        every rank: the hook's stages submit collectives)."""
+        assert self._comm_hook is not None
         while len(self._begun) < len(self.buckets) and len(self._begun) in self._hook_ready:
-            self._begun.append(self._begin_bucket(self.buckets[len(self._begun)]))
-
-    def _begin_bucket(self, b: Bucket) -> Any:
-        """Start one bucket's reduction: a stateful compressor's first stage, or a torch hook
-        (``hook(state, bucket)``: its collectives go out now, as torch's reducer calls hooks
-        while backward runs; the future is waited for at the end of backward)."""
-        if isinstance(self._comm_hook, GradientReducer):
-            return self._comm_hook.begin(b.views, key=f"bucket{b.index}")
-        state, hook = self._comm_hook
-        if not self._torch_group_checked:
-            ensure_default_group_for(state, hook, self._process_set)
-            self._torch_group_checked = True
-        return hook(state, GradBucket(b, len(self.buckets)))
-
-    def _run_comm_hook(self) -> None:
-        count = len(self.buckets)
-        if isinstance(self._comm_hook, GradientReducer):
-            # finalize() marked every bucket ready, so every one has begun by now.
-            assert len(self._begun) == count
-            for started in self._begun:
-                self._comm_hook.advance(started)
-            for i, started in enumerate(self._begun):
-                self._comm_hook.finish(started, last=i == count - 1)
-            return
-        overlapped = _begins_in_backward(self._comm_hook)
-        assert len(self._begun) == (count if overlapped else 0)  # every bucket was ready
-        for i, b in enumerate(self.buckets):
-            # A hook that began in backward is waited for; any other runs now, alone.
-            future = self._begun[i] if overlapped else self._begin_bucket(b)
-            result = future.wait()
-            result = result[0] if isinstance(result, (list, tuple)) else result
-            # A hook may answer in another dtype, or (resized) in a longer buffer.
-            b.flat[:b.numel].copy_(result.reshape(-1)[:b.numel])
+            bucket = self.buckets[len(self._begun)]
+            self._begun.append(self._comm_hook.begin(bucket, len(self.buckets)))
 
     def _write_back(self, bucket: Bucket) -> None:
         flags = bucket.extra.tolist() if self._find_unused else None
@@ -363,4 +265,4 @@ class Reducer:
             hook.remove()
 
 
-__all__ = ["GradBucket", "Reducer", "reachable_parameters"]
+__all__ = ["Reducer", "reachable_parameters"]
