@@ -24,6 +24,13 @@ from .timeline import Timeline
 _OP_OF = {int(o): o for o in ReduceOp}  # a dict lookup instead of Enum.__call__ per tensor
 
 
+def average_as_sum(op: ReduceOp, postscale: float, size: int) -> tuple[ReduceOp, float]:
+    """The data plane only sums: an average is a sum scaled by 1/size after."""
+    if op == ReduceOp.AVERAGE:
+        return ReduceOp.SUM, postscale / size
+    return op, postscale
+
+
 def _flat(a: np.ndarray) -> np.ndarray:
     return a.reshape(-1)
 
@@ -94,9 +101,9 @@ class Executor:
             if kind == Kind.ALLREDUCE:
                 request, meta = resp.request, resp.meta
                 entries = request.entries if request is not None else _zeros_entries(meta)
-                op, pre, post = _OP_OF[meta.reduce_op], meta.prescale, meta.postscale
-                if op == ReduceOp.AVERAGE:
-                    op, post = ReduceOp.SUM, post / self.group.size
+                op, post = average_as_sum(_OP_OF[meta.reduce_op], meta.postscale,
+                                          self.group.size)
+                pre = meta.prescale
                 for i, e in enumerate(entries):
                     assert e.input is not None and e.output is not None
                     piece = Piece(resp, i, _flat(e.input), _flat(e.output), e.dtype)
@@ -123,10 +130,8 @@ class Executor:
     def _allreduce(self, bucket: list[Piece]) -> None:
         dtype = bucket[0].dtype
         meta = bucket[0].response.meta
-        op = ReduceOp(meta.reduce_op)
-        pre, post = meta.prescale, meta.postscale
-        if op == ReduceOp.AVERAGE:
-            op, post = ReduceOp.SUM, post / self.group.size
+        op, post = average_as_sum(ReduceOp(meta.reduce_op), meta.postscale, self.group.size)
+        pre = meta.prescale
         started = time.monotonic()
         self._queued(bucket, started)
         if is_cuda(meta):
@@ -288,9 +293,7 @@ class Executor:
         row_shape = entry.shape[1:]
         row_elems = int(np.prod(row_shape, dtype=np.int64))
         out = self._allocate(entry, (rows[self.group.rank], *row_shape))
-        op, post = request.op, request.postscale
-        if op == ReduceOp.AVERAGE:
-            op, post = ReduceOp.SUM, post / size
+        op, post = average_as_sum(request.op, request.postscale, size)
         ops.reducescatter(self.group, _flat(entry.input), _flat(out),
                           [r * row_elems for r in rows], entry.dtype, op, request.prescale, post)
 
