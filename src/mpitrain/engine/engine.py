@@ -27,7 +27,8 @@ from ..dtypes import STORAGE
 from ..errors import CollectiveMismatchError, MpitrainInternalError, ranks_text
 from . import autotune_sync, buckets
 from .autotune import Setting, start_setting
-from .negotiation import Response, wait_for
+from .mpi_wait import wait_for
+from .negotiation import Response
 from .request import Completion, Handle, Kind, Request, generated_name, is_generated
 from .set_state import SetState
 from .timeline import Timeline
