@@ -47,7 +47,7 @@ from ..algorithms import allreduce as host_allreduce
 from ..group import Group
 from ..reduction import Reduction
 from ..scratch import Scratch
-from . import fixed_point, ipc, kernels, launch, streams, transport
+from . import fixed_point, ipc, kernel_steps, kernels, launch, streams, transport
 from .pack import Packer
 from .probe import require
 from .streams import Channel, Channels, CupyStreams
@@ -209,11 +209,12 @@ class DeviceGroup:
     # ------------------------------------------------------------------ device work
     def reduce(self, channel: Channel, inputs: list[Any], out: Any, dtype: str, op: ReduceOp,
                prescale: float, postscale: float) -> None:
-        steps = kernels.reduce_steps(len(inputs), dtype, op, prescale, postscale)
+        steps = kernel_steps.reduce_steps(len(inputs), dtype, op, prescale, postscale)
         scratch = None
         if len(inputs) > 2:  # only then does a step keep an accumulator between launches
             kind = "uint8" if dtype == "bool" else dtype
-            scratch = self._scratch_for(channel, kernels.accumulator_dtype(kind), int(out.size))
+            scratch = self._scratch_for(channel, kernel_steps.accumulator_dtype(kind),
+                                        int(out.size))
         self.launcher.run(steps, inputs, out, scratch, channel.stream)
 
     def memcpy(self, dst: Any, src: Any, stream: Any) -> None:
@@ -273,15 +274,15 @@ class DeviceGroup:
         # accumulation as everywhere else), narrowing with the postscale fused in.
         work = self._scratch_for(channel, np.dtype(np.float32), int(buf.size)) if wide else buf
         if wide:
-            self.launcher.run([kernels.cast_step(dtype, "float32", prescale)], [buf], work, None,
-                              channel.stream)
+            self.launcher.run([kernel_steps.cast_step(dtype, "float32", prescale)], [buf], work,
+                              None, channel.stream)
         elif prescale != 1.0:
             self.reduce(channel, [buf], buf, dtype, ReduceOp.SUM, prescale, 1.0)
         channel.stream.synchronize()  # MPI reads device memory outside any stream
         comm.Allreduce(MPI.IN_PLACE, work, op=mpi_op)
         if wide:
-            self.launcher.run([kernels.cast_step("float32", dtype, postscale)], [work], buf, None,
-                              channel.stream)
+            self.launcher.run([kernel_steps.cast_step("float32", dtype, postscale)], [work], buf,
+                              None, channel.stream)
         elif postscale != 1.0:
             self.reduce(channel, [buf], buf, dtype, ReduceOp.SUM, 1.0, postscale)
 
