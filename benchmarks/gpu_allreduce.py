@@ -59,8 +59,8 @@ def _kernel_row(cupy: Any, size: int, repeats: int) -> dict[str, Any]:
 
     from mpitrain.dtypes import ReduceOp
     from mpitrain.ops import reference
+    from mpitrain.ops.cuda import kernel_steps, launch
     from mpitrain.ops.cuda import kernels as k
-    from mpitrain.ops.cuda import launch
     from mpitrain.ops.cuda.pack import Packer
 
     stream = cupy.cuda.get_current_stream()
@@ -96,8 +96,8 @@ def _kernel_row(cupy: Any, size: int, repeats: int) -> dict[str, Any]:
     # RawKernels of the same PTX (mpitrain.ops.cuda.launch), without numba's per-call dispatch.
     prepared = launch.Launcher(launch.PreparedKernels(
         cupy, launch.compute_capability(cupy, runtime.getDevice())), numba_cuda)
-    steps32 = k.reduce_steps(2, "float32", ReduceOp.SUM, 0.5, 2.0)
-    steps16 = k.reduce_steps(2, "bfloat16", ReduceOp.SUM, 0.5, 2.0)
+    steps32 = kernel_steps.reduce_steps(2, "float32", ReduceOp.SUM, 0.5, 2.0)
+    steps16 = kernel_steps.reduce_steps(2, "bfloat16", ReduceOp.SUM, 0.5, 2.0)
     out32, bits2, out16 = cupy.empty_like(src), bits.copy(), cupy.empty_like(bits)
     t_prepared = _time_events(cupy, lambda: prepared.run(steps32, [src, dst], out32, None,
                                                          stream), repeats)

@@ -11,7 +11,7 @@ from numba import cuda
 
 from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
-from mpitrain.ops.cuda import kernels
+from mpitrain.ops.cuda import kernel_steps, kernels
 
 N = 37
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -47,7 +47,7 @@ def _storage(a, dtype):
 def _run(inputs, dtype, op, pre, post, out=None):
     out = np.empty_like(inputs[0]) if out is None else out
     kind = "uint8" if dtype == "bool" else dtype
-    scratch = np.empty(N, kernels.accumulator_dtype(kind))
+    scratch = np.empty(N, kernel_steps.accumulator_dtype(kind))
     kernels.reduce_buffers([_storage(a, dtype) for a in inputs], _storage(out, dtype), dtype, op,
                            pre, post, scratch, **LAUNCH)
     return out
@@ -134,12 +134,12 @@ def test_cast_rejects_integer_types():
 
 
 def test_reduce_plan_reads_each_input_once_and_writes_the_output_last():
-    plan = kernels.reduce_plan(4, "float16")
+    plan = kernel_steps.reduce_plan(4, "float16")
     assert plan == [(0, 1, "float16", "acc32", False), (-1, 2, "acc32", "acc32", False),
                     (-1, 3, "acc32", "float16", True)]
-    assert kernels.reduce_plan(2, "int32") == [(0, 1, "int32", "int32", True)]
+    assert kernel_steps.reduce_plan(2, "int32") == [(0, 1, "int32", "int32", True)]
     with pytest.raises(ValueError, match="at least 2"):
-        kernels.reduce_plan(1, "float32")
+        kernel_steps.reduce_plan(1, "float32")
 
 
 def test_launch_shape_caps_blocks_and_never_launches_zero():

@@ -5,7 +5,7 @@ import pytest
 
 from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
-from mpitrain.ops.cuda import kernels, pack
+from mpitrain.ops.cuda import kernel_steps, kernels, pack
 
 pytestmark = pytest.mark.world_sizes(1)
 N = 1_000_003
@@ -29,7 +29,7 @@ def test_device_reduction_is_the_reference(cupy, dtype, op, count):
     hosts = [_data(dtype, s) for s in range(count)]
     inputs = [cuda.to_device(h) for h in hosts]
     out = cuda.device_array(N, STORAGE[dtype])
-    scratch = cuda.device_array(N, kernels.accumulator_dtype(dtype))
+    scratch = cuda.device_array(N, kernel_steps.accumulator_dtype(dtype))
     kernels.reduce_buffers(inputs, out, dtype, op, 0.5, 3.0, scratch)
     cuda.synchronize()
     want = reference.reduce(hosts, dtype, op, 0.5, 3.0)
@@ -44,7 +44,7 @@ def test_device_sum_with_an_inexact_prescale_agrees_to_rounding(cupy, dtype):
     from numba import cuda
     hosts = [_data(dtype, s) for s in range(3)]
     out = cuda.device_array(N, STORAGE[dtype])
-    scratch = cuda.device_array(N, kernels.accumulator_dtype(dtype))
+    scratch = cuda.device_array(N, kernel_steps.accumulator_dtype(dtype))
     kernels.reduce_buffers([cuda.to_device(h) for h in hosts], out, dtype, ReduceOp.SUM, 0.3,
                            1.0, scratch)
     want = reference.reduce(hosts, dtype, ReduceOp.SUM, 0.3, 1.0)
@@ -114,7 +114,7 @@ def _run_both(cupy, steps, inputs, out_dtype, scratch_dtype):
         outs.append(out)
         if launcher is prepared:
             for step in steps:
-                buffers = kernels.step_buffers(step, inputs, out, scratch)
+                buffers = kernel_steps.step_buffers(step, inputs, out, scratch)
                 assert prepared.prepared.function(launch.variant(step, buffers)) is not None
     stream.synchronize()
     return [cupy.asnumpy(o) for o in outs]
@@ -132,9 +132,9 @@ def test_prepared_launches_give_numba_dispatchs_bits(cupy, dtype, op, count):
              for s in range(count)]
     inputs = [cupy.asarray(h) for h in hosts]
     pre, post = (1.0, 1.0) if dtype == "bool" else (0.5, 3.0)
-    steps = kernels.reduce_steps(count, dtype, op, pre, post)
+    steps = kernel_steps.reduce_steps(count, dtype, op, pre, post)
     got, dispatched = _run_both(cupy, steps, inputs, STORAGE[dtype],
-                                kernels.accumulator_dtype(kind))
+                                kernel_steps.accumulator_dtype(kind))
     np.testing.assert_array_equal(got.view(np.uint8), dispatched.view(np.uint8))
     expect = reference.reduce(hosts, dtype, op, pre, post)
     np.testing.assert_array_equal(got.view(np.uint8), np.asarray(expect).view(np.uint8))
@@ -144,8 +144,8 @@ def test_prepared_launches_give_numba_dispatchs_bits(cupy, dtype, op, count):
                                           ("bfloat16", "float32"), ("float16", "float32")])
 def test_prepared_casts_give_numba_dispatchs_bits(cupy, src, dst):
     host = _data(src, 9)
-    got, dispatched = _run_both(cupy, [kernels.cast_step(src, dst, 0.25)], [cupy.asarray(host)],
-                                STORAGE[dst], np.float32)
+    got, dispatched = _run_both(cupy, [kernel_steps.cast_step(src, dst, 0.25)],
+                                [cupy.asarray(host)], STORAGE[dst], np.float32)
     np.testing.assert_array_equal(got.view(np.uint8), dispatched.view(np.uint8))
     want = reference.narrow(reference.widen(host, src) * 0.25, dst)
     np.testing.assert_array_equal(got.view(np.uint8), np.asarray(want).view(np.uint8))

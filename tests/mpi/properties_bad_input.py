@@ -473,7 +473,7 @@ def check_case(base: Call, calls: list[Call]) -> None:
 _BAD_ROOT = Call("broadcast", shape=(2,), root=0)
 # 2. One rank named its allgather, the other did not: after the deadlock was broken, their
 #    unnamed allgathers were numbered apart for good (fixed: the counts agree again once
-#    requests are given up on, engine.Engine._align_names).
+#    requests are given up on, set_registry.SetRegistry.align_names).
 _NAMED_HERE = Call("allgather", shape=(1, 2))
 # 3. A rank alone in a collective of the global set, the others not in the case at all: after
 #    the stall gave up on it, its unnamed broadcasts were numbered one ahead (same fix as 2).

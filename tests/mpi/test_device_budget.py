@@ -41,6 +41,7 @@ from mpitrain.engine import device  # noqa: E402
 from mpitrain.ops.cuda import allreduce as device_allreduce  # noqa: E402
 from mpitrain.ops.cuda import ipc, kernels, launch, streams, transport  # noqa: E402
 from mpitrain.ops.cuda.allreduce import DeviceGroup  # noqa: E402
+from mpitrain.ops.cuda.buffers import DeviceBuffers  # noqa: E402
 from mpitrain.ops.cuda.pack import Packer  # noqa: E402
 from mpitrain.ops.cuda.transport import Transport  # noqa: E402
 
@@ -233,7 +234,7 @@ def test_negative_control_pointer_tables_uploaded_per_call_break_the_budget(hvd,
         tensors, addresses = arrays
         return Packer(addresses, tuple(int(a.nbytes) for a in tensors), int(fused.data.ptr))
 
-    monkeypatch.setattr(DeviceGroup, "_packer", uncached)
+    monkeypatch.setattr(DeviceBuffers, "packer", uncached)
     dg = _device_group(hvd, "prepared")
     try:
         tensors = _tensors(24, np.float32)

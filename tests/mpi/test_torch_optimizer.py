@@ -106,7 +106,7 @@ def test_16_bit_wire_buckets_give_the_per_tensor_compressors_bits(hvd, compressi
     wire_opt = made[0]
     if SIZE > 1:  # every float32 gradient has a 16-bit view; p.grad keeps its own type
         wire_type = torch.float16 if compression == "fp16" else torch.bfloat16
-        views = wire_opt._wire_views
+        views = wire_opt._submitter.wire_views
         assert set(views) == {p for g in wire_opt.param_groups for p in g["params"]}
         assert all(v.dtype == wire_type for v in views.values())
         assert all(p.grad.dtype == torch.float32 for p in views)
@@ -256,7 +256,7 @@ def test_shared_buckets_reduce_without_copies(hvd):
     model = _model()
     opt = hvd.DistributedOptimizer(_sgd(model), model.named_parameters(), groups=1)
     engine = hvd.session.engine()
-    views = {id(p): v for p, v in opt._views.items()}
+    views = {id(p): v for p, v in opt._submitter.views.items()}
     for step in range(3):
         x, y = _batch(step, 0)
         opt.zero_grad(set_to_none=step != 1)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from mpitrain.dtypes import FLOATING, STORAGE, ReduceOp
-from mpitrain.ops.cuda import kernels, ptx
+from mpitrain.ops.cuda import kernel_steps, kernels, ptx
 from support import ROOT
 
 SUITE_TIMEOUT = 540
@@ -45,7 +45,7 @@ def test_the_kernel_list_is_exactly_what_reduce_and_cast_launch(monkeypatch):
     monkeypatch.setattr(kernels, "scale_kernel", _Recorder("scale", launched))
     n = 4
     for dtype, storage in STORAGE.items():
-        acc = kernels.accumulator_dtype("uint8" if dtype == "bool" else dtype)
+        acc = kernel_steps.accumulator_dtype("uint8" if dtype == "bool" else dtype)
         for op in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
             for count in range(1, 6):
                 inputs = [np.zeros(n, storage) for _ in range(count)]

@@ -19,7 +19,6 @@ from collections.abc import Hashable, Sequence
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from .. import survivors, topology
 from ..config import Config
@@ -27,14 +26,14 @@ from ..dtypes import STORAGE
 from ..errors import CollectiveMismatchError, MpitrainInternalError, ranks_text
 from . import autotune_sync, buckets
 from .autotune import Setting, start_setting
-from .negotiation import Response, wait_for
-from .request import Completion, Handle, Kind, Request, generated_name, is_generated
+from .negotiation import Response
+from .request import Completion, Handle, Kind, Request, is_generated
+from .set_registry import GLOBAL_SET_ID, SetRegistry
 from .set_state import SetState
 from .timeline import Timeline
 
 _IDLE_MAX_S = 0.05
 _BURST_GAP_S = 5e-5  # a submission gap this long ends a burst
-GLOBAL_SET_ID = 0
 
 
 class Engine:
@@ -48,7 +47,6 @@ class Engine:
             self.timeline.start(config.timeline, config.timeline_mark_cycles)
         self._cond = threading.Condition(threading.Lock())
         self._inbox: list[Request] = []
-        self._inflight: dict[int, set[str]] = {}
         # The requests the executor is running now: neither queued nor pending any more, so
         # when the data plane raises (a CUDA error, say) they are failed from here.
         self._executing: list[Request] = []
@@ -60,36 +58,20 @@ class Engine:
         self._peers_left: list[int] = []
         self._fatal: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._sets: dict[int, SetState] = {}
-        self._next_set_id = 1
+        self._sets = SetRegistry(self._cond, config, self.timeline, topo)
         self.cycle_time_s = config.cycle_time_ms / 1e3  # autotune may change it
         self.autotune = autotune_sync.AutotuneSync.for_job(config, topo.rank, topo.size,
                                                            topo.num_nodes)
-        self._add_set_state(GLOBAL_SET_ID, list(range(topo.size)), comms, topo,
-                            autotune_sync.WORDS)
+        self._sets.open(GLOBAL_SET_ID, list(range(topo.size)), comms, topo,
+                        self.autotune.setting, autotune_sync.WORDS)
         self.cycles = 0
 
     # ------------------------------------------------------------------ process sets
-    def _add_set_state(self, set_id: int, world_ranks: list[int],
-                       comms: topology.Communicators | None,
-                       topo: topology.Topology | None, extra_words: int = 0) -> SetState:
-        state = SetState.open(set_id, world_ranks, comms, topo, self.config, self.timeline,
-                              extra_words)
-        if state.executor is not None and self.autotune.setting is not None:
-            _apply_to(state, self.autotune.setting)  # a set added after a tuned change
-        with self._cond:
-            self._sets[set_id] = state
-            self._inflight.setdefault(set_id, set())
-        return state
-
     def process_set(self, set_id: int) -> SetState:
-        state = self._sets.get(set_id)
-        if state is None:
-            raise ValueError(f"process set {set_id} is not registered (removed, or never added)")
-        return state
+        return self._sets.get(set_id)
 
     def set_ids(self) -> list[int]:
-        return sorted(self._sets)
+        return self._sets.ids()
 
     # ------------------------------------------------------------------ gradient buckets
     def plan_buckets(self, items: Sequence[tuple[Hashable, int]],
@@ -126,11 +108,7 @@ class Engine:
 
     def next_name(self, set_id: int, kind: Kind) -> str:
         """A name for an unnamed request: identical programs produce identical names."""
-        state = self.process_set(set_id)
-        with self._cond:
-            n = state.name_counters.get(kind, 0)
-            state.name_counters[kind] = n + 1
-        return generated_name(kind, n, set_id)
+        return self._sets.next_name(set_id, kind)
 
     def submit(self, request: Request) -> Handle:
         """Queue ``request`` for negotiation and return its handle.
@@ -146,13 +124,13 @@ class Engine:
             if self._stopped or self._stopping:
                 raise MpitrainInternalError(self._stop_reason or "mpitrain has been shut down; "
                                             "call mpitrain.init() again to use it")
-            state = self._sets.get(request.process_set_id)
+            state = self._sets.states.get(request.process_set_id)
             if state is None:
                 raise ValueError(f"process set {request.process_set_id} is not registered")
             if not state.member:
                 raise ValueError(f"rank {self.topology.rank} is not a member of process set "
                                  f"{request.process_set_id} (ranks {state.world_ranks})")
-            names = self._inflight[request.process_set_id]
+            names = self._sets.inflight[request.process_set_id]
             if request.name in names:
                 raise ValueError(f"a request named '{request.name}' is already in flight; "
                                  "names must be unique until synchronized")
@@ -180,7 +158,7 @@ class Engine:
         self._thread.join()
         self.timeline.stop()
         self.autotune.close()
-        for state in self._sets.values():
+        for state in self._sets.states.values():
             state.close()
 
     @property
@@ -194,7 +172,7 @@ class Engine:
         that this thread's collectives (and the peers') fail instead of waiting for ranks
         that will never join, then stop."""
         with self._cond:
-            sets = list(self._sets.values())
+            sets = list(self._sets.states.values())
         survivors.revoke(comm for state in sets for comm in state.communicators())
         self.stop()
 
@@ -217,7 +195,7 @@ class Engine:
             self._fatal = exc
             # A peer may be waiting in a collective this rank will never join: interrupt it
             # everywhere (with ULFM; without, mpirun ends the job when a rank dies anyway).
-            survivors.revoke(comm for state in list(self._sets.values())
+            survivors.revoke(comm for state in list(self._sets.states.values())
                              for comm in state.communicators())
             sys.stderr.write(f"mpitrain: rank {self.topology.rank}: engine failed: "
                              f"{type(exc).__name__}: {exc}\n")
@@ -254,9 +232,9 @@ class Engine:
         with self._cond:
             inbox, self._inbox = self._inbox, []
             stopping = self._stopping
-            sets = [self._sets[i] for i in sorted(self._sets)]
+            sets = [self._sets.states[i] for i in sorted(self._sets.states)]
         for request in inbox:
-            state = self._sets.get(request.process_set_id)
+            state = self._sets.states.get(request.process_set_id)
             if state is None or state.negotiator is None:
                 self._fail_now([request], f"process set {request.process_set_id} was removed")
                 continue
@@ -265,7 +243,7 @@ class Engine:
         deadlock_s = self.config.deadlock_time_seconds
         stuck = deadlock_s > 0 and self.completion.idle_waiting_for() >= deadlock_s
         for state in sets:
-            if state.negotiator is None or state.id not in self._sets:
+            if state.negotiator is None or state.id not in self._sets.states:
                 continue
             is_global = state.id == GLOBAL_SET_ID
             result = state.negotiator.round(stopping, stuck, self.autotune.outgoing()
@@ -284,7 +262,7 @@ class Engine:
                 # largest count everywhere, so the next unnamed collective pairs up again.
                 # Before the failed handles complete: their waiters must not name anything
                 # until the counts agree.
-                self._align_names(state, only_if_quiet=True)
+                self._sets.align_names(state, only_if_quiet=True)
             self._execute(state, result.responses)
             if result.someone_stopping and is_global:
                 self._stopping_ranks = result.leaving_ranks or result.stopping_ranks
@@ -296,8 +274,8 @@ class Engine:
     def _apply(self, setting: Setting) -> None:
         """Run with autotune's ``setting`` from now on (every rank, in the same round)."""
         self.cycle_time_s = setting.cycle_time_ms / 1e3
-        for state in self._sets.values():
-            _apply_to(state, setting)
+        for state in self._sets.states.values():
+            state.apply(setting)
 
     def _execute(self, state: SetState, responses: list[Response]) -> None:
         assert state.executor is not None and state.negotiator is not None
@@ -311,14 +289,14 @@ class Engine:
                     resp.request.handle.fail(error_type(resp.error))
                 done.append(resp)
             elif resp.kind == Kind.JOIN:
-                self._align_names(state)
+                self._sets.align_names(state)
                 if resp.request is not None:
                     resp.request.entries = []
                     if resp.request.handle is not None:
                         resp.request.handle.result = state.world_ranks[resp.last_joined]
                 done.append(resp)
             elif resp.kind in (Kind.ADD_SET, Kind.REMOVE_SET):
-                self._control(resp)
+                self._sets.control(resp, self.autotune.setting, self._fail_now)
                 done.append(resp)
             else:
                 data.append(resp)
@@ -347,69 +325,10 @@ class Engine:
                           nbytes))
         tuner.record(batch)
 
-    def _align_names(self, state: SetState, only_if_quiet: bool = False) -> None:
-        """Give every rank the same unnamed-request counters once a join has completed (or
-        requests were given up on: see _cycle).
-
-        While some ranks were joined, the others went on submitting (allreduces that ran with
-        zeros from the joined ranks, or requests refused because of the join), so their
-        counters moved and the joined ranks' did not.  Every rank is inside join() now, so no
-        unnamed request is being named: take the largest count of each kind everywhere, and
-        the next unnamed collective has the same name on every rank again.
-        """
-        assert state.negotiator is not None
-        kinds = list(Kind)
-        with self._cond:
-            counts = np.array([state.name_counters.get(k, 0) for k in kinds]
-                              + [len(state.negotiator.pending)], dtype=np.int64)
-        wait_for(state.negotiator.comm.Iallreduce(MPI.IN_PLACE, counts, op=MPI.MAX))
-        if only_if_quiet and counts[-1] > 0:
-            return  # some rank still waits for its peers' calls: their numbers still count
-        with self._cond:
-            for kind, count in zip(kinds, counts[:-1].tolist()):
-                state.name_counters[kind] = count
-
-    def _control(self, resp: Response) -> None:
-        """Add or remove a process set, at the same point of the global order everywhere."""
-        assert resp.request is not None or resp.error is not None
-        payload = resp.meta.payload
-        if resp.kind == Kind.ADD_SET:
-            ranks = list(payload)
-            set_id = self._next_set_id
-            self._next_set_id += 1
-            world = self._sets[GLOBAL_SET_ID].group
-            assert world is not None
-            member = self.topology.rank in ranks
-            sub = world.comm.Split(0 if member else MPI.UNDEFINED, key=ranks.index(
-                self.topology.rank) if member else 0)
-            if member:
-                topo, comms = topology.build_subset(sub, self.topology, ranks)
-                self._add_set_state(set_id, ranks, comms, topo)
-            else:
-                self._add_set_state(set_id, ranks, None, None)
-            if resp.request is not None and resp.request.handle is not None:
-                resp.request.handle.result = set_id
-            return
-        set_id = int(payload)
-        with self._cond:
-            state = self._sets.pop(set_id, None)
-            names = self._inflight.pop(set_id, set())
-        if state is None:
-            if resp.request is not None and resp.request.handle is not None:
-                resp.request.handle.fail(ValueError(f"process set {set_id} is not registered"))
-            return
-        if state.negotiator is not None:
-            self._fail_now(state.negotiator.drop_all(), f"process set {set_id} was removed")
-        with self._cond:
-            names.clear()
-        state.close()
-        if resp.request is not None and resp.request.handle is not None:
-            resp.request.handle.result = True
-
     def _complete(self, state: SetState, responses: list[Response]) -> None:
         handles = []
         with self._cond:
-            names = self._inflight.get(state.id, set())
+            names = self._sets.inflight.get(state.id, set())
             for resp in responses:
                 request = resp.request
                 if request is None:
@@ -424,7 +343,7 @@ class Engine:
         handles = []
         with self._cond:
             for request in requests:
-                self._inflight.get(request.process_set_id, set()).discard(request.name)
+                self._sets.inflight.get(request.process_set_id, set()).discard(request.name)
                 if request.handle is not None:
                     request.handle.fail(MpitrainInternalError(
                         f"{request.kind.label} '{request.name}': {message}"))
@@ -438,7 +357,7 @@ class Engine:
             self._stop_reason = message
             leftovers = self._inbox + self._executing
             self._inbox, self._executing = [], []
-        for state in list(self._sets.values()):
+        for state in list(self._sets.states.values()):
             if state.negotiator is not None:
                 leftovers.extend(state.negotiator.drop_all())
         self._fail_now(leftovers, message)
@@ -454,7 +373,7 @@ class Engine:
 
     def stats(self) -> dict[str, Any]:
         """Counters for tests and benchmarks (global set)."""
-        state = self._sets[GLOBAL_SET_ID]
+        state = self._sets.states[GLOBAL_SET_ID]
         assert state.negotiator is not None and state.executor is not None
         return {
             "cycles": self.cycles,
@@ -472,10 +391,3 @@ def _stopped_by(ranks: list[int]) -> str:
     who = ranks_text(ranks) if ranks else "some rank"
     return (f"mpitrain was shut down on {who} (shutdown() was called there, or its program "
             "ended) while this request was in flight")
-
-
-def _apply_to(state: SetState, setting: Setting) -> None:
-    if state.executor is not None:
-        state.executor.fusion_threshold = setting.fusion_threshold
-        state.executor.algorithm = setting.algorithm
-        state.executor.streams = setting.channels

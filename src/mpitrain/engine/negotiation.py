@@ -27,17 +27,16 @@ waiting for a human.  What is missing where, and the words of these reports, are
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ..errors import MpitrainInternalError, ranks_text
+from ..errors import ranks_text
 from .cache import ResponseCache
+from .mpi_wait import wait_for
 from .request import Kind, Request, RequestMeta, describe_mismatch, refused_because
 from .stalls import StallInspector, gather_pending
 
@@ -87,31 +86,6 @@ class RoundResult:
     # Requests were failed in this round because some rank never submitted them (a deadlock
     # broken, a stall given up on): the same on every rank of the set.
     gave_up: bool = False
-
-
-def wait_for(request: Any, on_slow: Callable[[float], None] | None = None,
-             slow_after: float = 0.0) -> None:
-    """Complete a non-blocking MPI request without spinning the CPU.
-
-    A few yields first (the common case: the others are a few microseconds behind), then
-    sleeps growing to 1 ms, so that with more ranks than cores the waiting rank gives its core
-    to the rank everyone is waiting for.
-    """
-    if request.Test():
-        return
-    start = time.monotonic()
-    next_report = start + slow_after if on_slow is not None and slow_after > 0 else None
-    polls = 0
-    while not request.Test():
-        polls += 1
-        if polls < 64:
-            os.sched_yield()
-        else:
-            time.sleep(min(1e-3, 2e-5 * (polls - 63)))
-        if next_report is not None and time.monotonic() >= next_report:
-            assert on_slow is not None
-            on_slow(time.monotonic() - start)
-            next_report += slow_after
 
 
 class Negotiator:
@@ -423,7 +397,3 @@ def _set_bits(words: np.ndarray, nbits: int) -> list[int]:
         bits.append(low.bit_length() - 1)
         mask ^= low
     return bits
-
-
-def internal_error(message: str) -> MpitrainInternalError:
-    return MpitrainInternalError(message)

@@ -15,6 +15,7 @@ from typing import Any
 
 from .. import ops, topology
 from ..config import Config
+from .autotune import Setting
 from .executor import Executor
 from .negotiation import Negotiator
 from .request import Kind
@@ -64,6 +65,13 @@ class SetState:
         if self.negotiator is not None:
             comms.append(self.negotiator.comm)
         return comms
+
+    def apply(self, setting: Setting) -> None:
+        """Run this set's executor with autotune's ``setting`` (nothing where not a member)."""
+        if self.executor is not None:
+            self.executor.fusion_threshold = setting.fusion_threshold
+            self.executor.algorithm = setting.algorithm
+            self.executor.streams = setting.channels
 
     def close(self) -> None:
         if self.executor is not None:

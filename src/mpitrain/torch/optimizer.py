@@ -10,7 +10,8 @@ fuses them while the rest of backward runs.  ``step()`` (or ``synchronize()``) s
 still missing, waits, and steps.  Names make the matching: a parameter that got no gradient on
 some rank is submitted there as zeros at ``synchronize()`` and meets the others' requests, so
 no rank hangs.  (As in Horovod, that zero stand-in is dense: a parameter whose gradient is
-sparse on other ranks must get a gradient on every rank, or use ``sparse_as_dense``.)
+sparse on other ranks must get a gradient on every rank, or use ``sparse_as_dense``.)  What is
+submitted on each path, and the views below, are :mod:`.gradient_submission`'s.
 
 Gradient buckets: on CPU, every dense gradient gets a view, shaped like its parameter, in a
 flat bucket that the engine sizes (its fusion threshold) and allocates where the data plane
@@ -49,27 +50,17 @@ import torch
 
 from .. import collectives
 from ..collectives import Handle
-from ..collectives.buckets import Bucket, gradient_buckets
 from ..compression import Compression, Compressor
 from ..compressors import GradientReducer
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of, size_of
 from . import adasum_optimizer
-from .autograd_ops import sparse_allreduce_async
 from .compressed_buckets import CompressedBuckets, buckets_for
 from .gradient_groups import check_groups, split_groups
 from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names, positive_int
+from .gradient_submission import GradientSubmitter, Pending
 
 Key = Any  # a parameter, or a tuple of parameters (a group)
-Pending = tuple[Any, Any]  # (handle, or a callable for sparse results; compression context)
-# The compression context of a gradient reduced in its 16-bit wire view: cast back from it.
-_IN_WIRE_VIEW = object()
-_WIDE_FLOATS = (torch.float32, torch.float64)
-
-
-def _lives_in(grad: torch.Tensor, view: torch.Tensor) -> bool:
-    """Whether ``grad`` is (still) the bucket view, not a tensor autograd made anew."""
-    return grad.layout == torch.strided and grad.data_ptr() == view.data_ptr()
 
 
 class _DistributedOptimizer(GradientHooks):
@@ -87,21 +78,21 @@ class _DistributedOptimizer(GradientHooks):
         # A stateful compressor reduces everything at synchronize(); the stateless path
         # (per-gradient requests from the hooks) then sends nothing itself.
         self.compressor: GradientReducer | None = None
-        self._compression: type[Compressor] = Compression.none
+        stateless: type[Compressor] = Compression.none
         if isinstance(compression, GradientReducer):
             self.compressor = compression.bind(process_set)
         else:
-            self._compression = compression
+            stateless = compression
         self.backward_passes_per_step = backward_passes_per_step
         self.op = op
         self.gradient_predivide_factor = gradient_predivide_factor
         self.sparse_as_dense = sparse_as_dense
         self.process_set = process_set
+        # The requests for the gradients and the bucket views they may wait in.
+        self._submitter = GradientSubmitter(self._names, stateless, op,
+                                            gradient_predivide_factor, sparse_as_dense,
+                                            process_set)
         self._handles: dict[Key, Pending] = {}
-        # Sparse gradients reduced densely (sparse_as_dense, or in a group): made sparse again
-        # after the reduction, as Horovod does, so that SparseAdam and the like can step.
-        # (parameter -> its gradient's sparse_dim, so rows stay rows for an embedding)
-        self._densified: dict[torch.Tensor, int] = {}
         self._delay: dict[torch.Tensor, int] = {p: backward_passes_per_step
                                                 for p in all_params}
         self._requires_update: list[torch.Tensor] = []
@@ -111,9 +102,6 @@ class _DistributedOptimizer(GradientHooks):
         self._hooks: list[Any] = []
         self._group_of: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
         self._group_ready: dict[tuple[torch.Tensor, ...], int] = {}
-        self._views: dict[torch.Tensor, torch.Tensor] = {}
-        self._wire_views: dict[torch.Tensor, torch.Tensor] = {}  # fp16/bf16: see the docstring
-        self._buckets: list[Bucket] = []
         self._set_id = set_id_of(process_set)
         self._communicates = bool(process_set.included()) and size_of(process_set) > 1
         if groups is not None:
@@ -124,10 +112,11 @@ class _DistributedOptimizer(GradientHooks):
             if self.compressor is not None:
                 self._compressed = CompressedBuckets(self.compressor,
                                                      buckets_for(self._requires_update))
-            elif shared_buckets and self._compression is Compression.none:
-                self._build_buckets()
-            elif shared_buckets and self._compression.wire_dtype is not None:
-                self._build_wire_buckets(getattr(torch, self._compression.wire_dtype))
+            elif shared_buckets and stateless is Compression.none:
+                self._submitter.build_buckets(self._bucket_order)
+            elif shared_buckets and stateless.wire_dtype is not None:
+                self._submitter.build_wire_buckets(self._bucket_order,
+                                                   getattr(torch, stateless.wire_dtype))
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                            for p in self._requires_update]
 
@@ -154,22 +143,6 @@ class _DistributedOptimizer(GradientHooks):
         # backward produces gradients roughly in reverse registration order
         return [p for p in reversed(self._requires_update) if keep(p)]
 
-    def _build_buckets(self) -> None:
-        """Give each CPU dense gradient a view in a flat, zeroed bucket the engine allocates."""
-        order = self._bucket_order(lambda p: p.device.type == "cpu")
-        # Every bucket at the engine's fusion threshold, the first too: the engine fuses the
-        # per-parameter requests of one bucket into one collective anyway.
-        self._buckets = gradient_buckets(order, self.process_set, first_cap_bytes=None)
-        self._views = {p: b.views[i] for b in self._buckets for i, p in enumerate(b.params)}
-
-    def _build_wire_buckets(self, wire: torch.dtype) -> None:
-        """Give each CPU float32/float64 gradient a ``wire``-typed view in a flat bucket."""
-        order = self._bucket_order(lambda p: p.device.type == "cpu" and p.dtype in _WIDE_FLOATS)
-        self._buckets = gradient_buckets(order, self.process_set, first_cap_bytes=None,
-                                         dtype_of=lambda p: wire)
-        self._wire_views = {p: b.views[i] for b in self._buckets
-                            for i, p in enumerate(b.params)}
-
     # ------------------------------------------------------------------ backward side
     def _on_gradient(self, p: torch.Tensor) -> None:
         # A new backward pass: an earlier synchronize() no longer covers these gradients (a
@@ -180,18 +153,18 @@ class _DistributedOptimizer(GradientHooks):
                 "Gradients were computed more than backward_passes_per_step times before "
                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
                 "locally.")
-        self._adopt_view(p)
+        self._submitter.adopt_view(p)
         self._delay[p] -= 1
         if self._delay[p] > 0:
             self._handles.setdefault(p, (None, None))
             return
         if self._compressed is not None:
             self._handles.setdefault(p, (None, None))  # in flight: zero_grad() must wait
-            self._compressed.gradient_ready(p, self._dense_gradients)
+            self._compressed.gradient_ready(p, self._submitter.dense_gradients)
             return
         group = self._group_of.get(p)
         if group is None:
-            self._handles[p] = self._submit(p)
+            self._handles[p] = self._submitter.submit(p)
             return
         self._group_ready[group] += 1
         if self._group_ready[group] < len(group):
@@ -200,76 +173,7 @@ class _DistributedOptimizer(GradientHooks):
         for gp in group:
             self._handles.pop(gp, None)
         self._group_ready[group] = 0
-        self._handles[group] = self._submit_group(group)
-
-    def _adopt_view(self, p: torch.Tensor) -> None:
-        """Move a freshly created dense gradient into its bucket view (first step only)."""
-        view = self._views.get(p)
-        grad = p.grad
-        if view is None or grad is None or grad.layout != torch.strided:
-            return
-        if not _lives_in(grad, view):
-            view.copy_(grad)
-            p.grad = view
-
-    def _grad_for_reduce(self, p: torch.Tensor) -> torch.Tensor:
-        if p.grad is None:
-            # No gradient here, but another rank may have one: contribute zeros.
-            view = self._views.get(p)
-            if view is not None:
-                view.zero_()
-                p.grad = view
-            else:
-                p.grad = torch.zeros_like(p)
-        elif p.grad.layout == torch.strided and not p.grad.is_contiguous():
-            p.grad = p.grad.contiguous()
-        return p.grad
-
-    def _scales(self) -> tuple[float, float]:
-        if self.op == ReduceOp.AVERAGE:
-            # Average = Sum / size; split as (1/f) before and (f/size) after the sum.
-            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
-        return 1.0, 1.0
-
-    def _submit(self, p: torch.Tensor) -> Pending:
-        name = self._names[p]
-        grad = self._grad_for_reduce(p)
-        if grad.is_sparse:
-            if not self.sparse_as_dense:
-                return sparse_allreduce_async(grad, name, self.op, self.process_set), None
-            self._densified[p] = grad.sparse_dim()
-            grad = p.grad = grad.to_dense()
-        compressed, ctx = self._to_wire(p, grad)
-        pre, post = self._scales()
-        handle = collectives.allreduce_async_(compressed, name=name, op=self.op,
-                                              prescale_factor=pre, postscale_factor=post,
-                                              process_set=self.process_set)
-        return handle, ctx
-
-    def _submit_group(self, group: tuple[torch.Tensor, ...]) -> Pending:
-        grads = []
-        for p in group:
-            g = self._grad_for_reduce(p)
-            if g.is_sparse:
-                self._densified[p] = g.sparse_dim()
-                g = p.grad = g.to_dense()  # grouped allreduce is dense, as in Horovod
-            grads.append(g)
-        pairs = [self._to_wire(p, g) for p, g in zip(group, grads)]
-        pre, post = self._scales()
-        handle = collectives.grouped_allreduce_async_([c for c, _ in pairs],
-                                            name=f"group.{self._names[group[0]]}",
-                                            op=self.op, prescale_factor=pre,
-                                            postscale_factor=post, process_set=self.process_set)
-        return handle, [ctx for _, ctx in pairs]
-
-    def _to_wire(self, p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        """What travels for ``grad``: its wire view after an in-place cast, or what the
-        compressor makes of it; with the context ``_write_back`` needs."""
-        wire = self._wire_views.get(p)
-        if wire is not None and grad.layout == torch.strided:
-            wire.copy_(grad)
-            return wire, _IN_WIRE_VIEW
-        return self._compression.compress(grad)
+        self._handles[group] = self._submitter.submit_group(group)
 
     # ------------------------------------------------------------------ public API
     def synchronize(self) -> None:
@@ -292,9 +196,9 @@ class _DistributedOptimizer(GradientHooks):
                 for gp in key:
                     self._handles.pop(gp, None)
                 self._group_ready[key] = 0
-                self._handles[key] = self._submit_group(key)
+                self._handles[key] = self._submitter.submit_group(key)
             else:
-                self._handles[key] = self._submit(key)
+                self._handles[key] = self._submitter.submit(key)
         try:
             for key, (handle, ctx) in self._handles.items():
                 if callable(handle) and not isinstance(handle, Handle):
@@ -303,10 +207,10 @@ class _DistributedOptimizer(GradientHooks):
                 outputs = collectives.synchronize(handle)
                 if isinstance(key, tuple):
                     for p, out, c in zip(key, outputs, ctx):
-                        self._write_back(p, out, c)
+                        self._submitter.write_back(p, out, c)
                 else:
-                    self._write_back(key, outputs, ctx)
-            self._resparsify()
+                    self._submitter.write_back(key, outputs, ctx)
+            self._submitter.resparsify()
         finally:
             self._end_round()
         self._synchronized = True
@@ -316,35 +220,18 @@ class _DistributedOptimizer(GradientHooks):
         (see :mod:`.compressed_buckets`)."""
         assert self._compressed is not None
         try:
-            self._compressed.synchronize(self._dense_gradients)
-            self._resparsify()
+            self._compressed.synchronize(self._submitter.dense_gradients)
+            self._submitter.resparsify()
         finally:
             self._end_round()
         self._synchronized = True
-
-    def _dense_gradients(self, params: list[torch.Tensor]) -> list[torch.Tensor]:
-        """What a compressor reduces for ``params``: each gradient, dense (zeros if none)."""
-        grads = []
-        for p in params:
-            g = self._grad_for_reduce(p)
-            if g.is_sparse:
-                self._densified[p] = g.sparse_dim()
-                g = p.grad = g.to_dense()
-            grads.append(g)
-        return grads
-
-    def _resparsify(self) -> None:
-        """Sparse gradients reduced densely become sparse again (SparseAdam steps on them)."""
-        for p, sparse_dim in self._densified.items():
-            assert p.grad is not None
-            p.grad = p.grad.to_sparse(sparse_dim)
 
     def _end_round(self) -> None:
         """Forget this step's requests; the next backward passes count from the start."""
         self._handles.clear()
         if self._compressed is not None:
             self._compressed.reset()
-        self._densified.clear()
+        self._submitter.densified.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
 
@@ -357,15 +244,6 @@ class _DistributedOptimizer(GradientHooks):
         for group in self._group_ready:
             self._group_ready[group] = 0
         self._synchronized = self._synchronized_for_scaler = False
-
-    def _write_back(self, p: torch.Tensor, output: torch.Tensor, ctx: Any) -> None:
-        assert p.grad is not None
-        if ctx is None and output.data_ptr() == p.grad.data_ptr():
-            return  # reduced in place
-        if ctx is _IN_WIRE_VIEW:
-            p.grad.copy_(output)  # the cast back from the 16-bit average
-            return
-        p.grad.copy_(self._compression.decompress(output, ctx))
 
     def _finish_reductions_before_unscale(self) -> None:
         """GradScaler is about to read the gradients: make them final first (see torch/amp.py).

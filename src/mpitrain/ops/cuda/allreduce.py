@@ -16,9 +16,10 @@ reaches that point in the same order, so the communicators it duplicates match).
 A single tensor that the transport can reduce where it lies skips steps 1 and 3.  A world of
 one moves nothing: a bucket with no scaling costs no device work at all, otherwise one launch
 (or pack, scale, unpack).  Kernels launch through :mod:`.launch` (prepared, not numba's
-per-call dispatch), and every per-layout object (the pack tables, window views, kernel
-arguments) is made once per layout: ``tests/mpi/test_device_budget.py`` holds each transport
-to its count of launches, waits, synchronisations and allocations per bucket.
+per-call dispatch), and every per-layout object (the pack tables and window views of
+:mod:`.buffers`, the kernel arguments) is made once per layout: ``tests/mpi/test_device_budget.py``
+holds each transport to its count of launches, waits, synchronisations and allocations per
+bucket.
 
 With ``MPITRAIN_DETERMINISTIC`` a floating-point reduction gives the CPU data plane's bits:
 ``fixed-point`` packs a Sum's bucket into scratch, turns it into integers on the device
@@ -32,7 +33,6 @@ rank-order fold reduces it (the device kernels would round a prescaled sum diffe
 from __future__ import annotations
 
 import contextlib
-import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -46,9 +46,8 @@ from .. import ordered
 from ..algorithms import allreduce as host_allreduce
 from ..group import Group
 from ..reduction import Reduction
-from ..scratch import Scratch
-from . import fixed_point, ipc, kernels, launch, streams, transport
-from .pack import Packer
+from . import fixed_point, ipc, kernel_steps, kernels, launch, streams, transport
+from .buffers import DeviceBuffers, addressed
 from .probe import require
 from .streams import Channel, Channels, CupyStreams
 
@@ -93,7 +92,6 @@ class DeviceGroup:
         import cupyx  # optional: CPU-only installs have no cupy; require() vouched for it
         from numba import cuda as numba_cuda  # optional (numba-cuda), like cupy
 
-        self.cupyx = cupyx
         self.numba_cuda = numba_cuda
         self.device = int(self.cupy.cuda.runtime.getDevice()) if device is None else device
         self.group = group
@@ -124,13 +122,7 @@ class DeviceGroup:
                        if self.uses_ipc else None)
         self.launcher = (launch.default_launcher(self.cupy, numba_cuda, self.device)
                          if launcher is None else launcher)
-        self._fusion: Any = None
-        self._fused_views: dict[tuple[int, str], Any] = {}
-        self._packers: dict[tuple[Any, ...], Packer] = {}
-        self._scratch: dict[tuple[int | str, str], Any] = {}
-        self._host_scratch: dict[int, Scratch] = {}
-        self._pinned: dict[int, list[Any]] = {}
-        self._lock = threading.Lock()
+        self.buffers = DeviceBuffers(self.cupy, cupyx, self.window)
 
     @contextlib.contextmanager
     def on_device(self) -> Iterator[None]:
@@ -143,77 +135,15 @@ class DeviceGroup:
                 with self.numba_cuda.gpus[self.device]:
                     yield
 
-    # ---------------------------------------------------------------------- buffers
-    def _idle(self) -> None:
-        """Wait until this device has no work pending, before a cached buffer is replaced.
-
-        The buffers below are used on the channels' streams, but allocated and freed on this
-        thread's (cupy's pool hands freed memory to the next allocation on the freeing
-        thread's stream at once, and CUDA IPC peers map the window): replacing one while a
-        kernel or copy still uses it would hand that memory to someone else underneath it.
-        Buffers only grow, so this happens a few times per job.
-        """
-        self.cupy.cuda.runtime.deviceSynchronize()
-
-    def _fusion_buffer(self, nbytes: int, storage: np.dtype) -> Any:
-        """The fusion buffer's first ``nbytes`` as ``storage`` elements (the IPC window when
-        the node shares one); one view per size, made once while the buffer lives."""
-        if self.window is not None:
-            if nbytes > self.window.capacity:
-                self._idle()
-            exchanges = self.window.exchanges
-            self.window.ensure(nbytes)
-            if self.window.exchanges != exchanges:
-                self._fused_views.clear()  # views of the window that was just replaced
-        elif self._fusion is None or self._fusion.nbytes < nbytes:
-            self._idle()
-            self._fusion = self.cupy.empty(max(nbytes, 1 << 20), dtype=np.uint8)
-            self._fused_views.clear()
-        key = (nbytes, storage.str)
-        view = self._fused_views.get(key)
-        if view is None:
-            if len(self._fused_views) > 256:  # sizes change (new layouts): keep it small
-                self._fused_views.clear()
-            if self.window is not None:
-                whole = self.window.runtime.view(self.window.own, np.dtype(np.uint8), 0, nbytes)
-            else:
-                whole = self._fusion[:nbytes]
-            view = self._fused_views[key] = whole.view(storage)
-        return view
-
-    def _scratch_for(self, channel: Channel, dtype: np.dtype, count: int) -> Any:
-        return self._named(channel.index, dtype, count)
-
-    def _named(self, name: int | str, dtype: np.dtype, count: int) -> Any:
-        """Device scratch under ``name`` (a channel's index, or a purpose), grown, never shrunk."""
-        key = (name, dtype.str)
-        with self._lock:
-            buf = self._scratch.get(key)
-            if buf is None or buf.size < count:
-                if buf is not None:
-                    self._idle()
-                buf = self.cupy.empty(max(count, 1 << 18), dtype=dtype)
-                self._scratch[key] = buf
-        return buf[:count]
-
-    def _hosts(self, channel: Channel, nbytes: int) -> list[Any]:
-        with self._lock:
-            hosts = self._pinned.get(channel.index)
-            if hosts is None or hosts[0].nbytes < nbytes:
-                if hosts is not None:
-                    self._idle()
-                hosts = [self.cupyx.empty_pinned((nbytes,), dtype=np.uint8) for _ in range(2)]
-                self._pinned[channel.index] = hosts
-        return hosts
-
     # ------------------------------------------------------------------ device work
     def reduce(self, channel: Channel, inputs: list[Any], out: Any, dtype: str, op: ReduceOp,
                prescale: float, postscale: float) -> None:
-        steps = kernels.reduce_steps(len(inputs), dtype, op, prescale, postscale)
+        steps = kernel_steps.reduce_steps(len(inputs), dtype, op, prescale, postscale)
         scratch = None
         if len(inputs) > 2:  # only then does a step keep an accumulator between launches
             kind = "uint8" if dtype == "bool" else dtype
-            scratch = self._scratch_for(channel, kernels.accumulator_dtype(kind), int(out.size))
+            scratch = self.buffers.scratch(channel.index, kernel_steps.accumulator_dtype(kind),
+                                           int(out.size))
         self.launcher.run(steps, inputs, out, scratch, channel.stream)
 
     def memcpy(self, dst: Any, src: Any, stream: Any) -> None:
@@ -238,7 +168,8 @@ class DeviceGroup:
         count = int(buf.size)
         itemsize = buf.dtype.itemsize
         chunk = max(1, transport.STAGING_CHUNK_BYTES // itemsize)
-        hosts = [h.view(buf.dtype) for h in self._hosts(channel, min(count, chunk) * itemsize)]
+        hosts = [h.view(buf.dtype)
+                 for h in self.buffers.pinned(channel.index, min(count, chunk) * itemsize)]
 
         def copy(stream: Any, dst: Any, src: Any) -> None:
             if isinstance(dst, np.ndarray):
@@ -252,7 +183,7 @@ class DeviceGroup:
                 host_allreduce(self.group, host, host, dtype, op, prescale, postscale,
                                streams=1)
             elif self.rank_order and dtype in FLOATING:
-                ws = self._host_scratch.setdefault(channel.index, Scratch())
+                ws = self.buffers.host_scratch(channel.index)
                 ordered.allreduce(ordered.Ranks(comm, None, ws), host, host,
                                   Reduction(dtype, prescale, postscale, op))
             else:
@@ -271,17 +202,18 @@ class DeviceGroup:
         wide = dtype not in _MPI_REDUCIBLE and dtype != "bool"
         # float16/bfloat16: MPI has no such types; reduce a float32 copy (the same float32
         # accumulation as everywhere else), narrowing with the postscale fused in.
-        work = self._scratch_for(channel, np.dtype(np.float32), int(buf.size)) if wide else buf
+        work = (self.buffers.scratch(channel.index, np.dtype(np.float32), int(buf.size)) if wide
+                else buf)
         if wide:
-            self.launcher.run([kernels.cast_step(dtype, "float32", prescale)], [buf], work, None,
-                              channel.stream)
+            self.launcher.run([kernel_steps.cast_step(dtype, "float32", prescale)], [buf], work,
+                              None, channel.stream)
         elif prescale != 1.0:
             self.reduce(channel, [buf], buf, dtype, ReduceOp.SUM, prescale, 1.0)
         channel.stream.synchronize()  # MPI reads device memory outside any stream
         comm.Allreduce(MPI.IN_PLACE, work, op=mpi_op)
         if wide:
-            self.launcher.run([kernels.cast_step("float32", dtype, postscale)], [work], buf, None,
-                              channel.stream)
+            self.launcher.run([kernel_steps.cast_step("float32", dtype, postscale)], [work], buf,
+                              None, channel.stream)
         elif postscale != 1.0:
             self.reduce(channel, [buf], buf, dtype, ReduceOp.SUM, 1.0, postscale)
 
@@ -340,11 +272,11 @@ class DeviceGroup:
         if in_place_single:
             values = inputs[0]
         else:  # not the IPC window: the integer buckets below go through it
-            values = self._named("fixed.values", storage, count)
-            self._packer(_addressed(inputs), values.view(np.uint8)).pack(values.view(np.uint8),
-                                                                         stream)
-        exps = self._named("fixed.exps", STORAGE[lay.exps], count)
-        words = self._named("fixed.words", STORAGE[lay.word], count * lay.words)
+            values = self.buffers.scratch("fixed.values", storage, count)
+            self.buffers.packer(addressed(inputs), values.view(np.uint8)).pack(
+                values.view(np.uint8), stream)
+        exps = self.buffers.scratch("fixed.exps", STORAGE[lay.exps], count)
+        words = self.buffers.scratch("fixed.words", STORAGE[lay.word], count * lay.words)
         # The codec's kernels launch through numba's dispatch (few launches per bucket).
         on = self.launcher.numba_stream(stream)
         v, e, w = (self.launcher.numba_array(a) for a in (values, exps, words))
@@ -359,7 +291,7 @@ class DeviceGroup:
         kernels.launch(fixed_point.decode_kernel(how.dtype), count, on, w, e, v, count,
                        how.postscale)
         if not in_place_single:
-            self._packer(_addressed(outputs), values.view(np.uint8)).unpack(
+            self.buffers.packer(addressed(outputs), values.view(np.uint8)).unpack(
                 values.view(np.uint8), stream)
         done = self.backend.record(stream)
         for framework_stream in framework_streams:
@@ -402,8 +334,8 @@ class DeviceGroup:
         if in_place_single:
             fused = inputs[0][0]
         else:
-            fused = self._fusion_buffer(count * storage.itemsize, storage)
-            self._packer(inputs, fused).pack(fused, pack_stream)
+            fused = self.buffers.fusion(count * storage.itemsize, storage)
+            self.buffers.packer(inputs, fused).pack(fused, pack_stream)
         align = max(1, 256 // storage.itemsize)
 
         def work(channel: Channel, start: int, stop: int) -> None:
@@ -414,7 +346,7 @@ class DeviceGroup:
         # ready=None: Channels records one only if a channel runs on another stream.
         self.channels.run(pack_stream, None, count, work, align, min_chunk, join=[pack_stream])
         if not in_place_single:
-            self._packer(outputs, fused).unpack(fused, pack_stream)
+            self.buffers.packer(outputs, fused).unpack(fused, pack_stream)
 
     def _slice(self, channel: Channel, fused: Any, dtype: str, op: ReduceOp, prescale: float,
                postscale: float, start: int, stop: int, align: int) -> None:
@@ -439,20 +371,6 @@ class DeviceGroup:
                       postscale, lambda lo, hi: fused[lo:hi], cross=cross, align=align,
                       comm=self.local_comms[i])
 
-    def _packer(self, arrays: tuple[Sequence[Any], tuple[int, ...]], fused: Any) -> Packer:
-        """The Packer of a layout: ``arrays`` are the tensors with their addresses."""
-        addresses = arrays[1]
-        nbytes = tuple([int(a.nbytes) for a in arrays[0]])
-        key = (addresses, nbytes, int(fused.data.ptr))
-        packer = self._packers.get(key)
-        if packer is None:
-            if len(self._packers) > 256:  # layouts change (new tensors): keep the cache small
-                self._idle()  # a dropped packer's tables may still be read by a kernel
-                self._packers.clear()
-            packer = Packer(addresses, nbytes, int(fused.data.ptr))
-            self._packers[key] = packer
-        return packer
-
     def close(self) -> None:
         """Release everything; not collective (safe at shutdown with a dead peer)."""
         if self.window is not None:  # before its communicator is freed below
@@ -461,17 +379,8 @@ class DeviceGroup:
         for comm in (*self.local_comms, *self.cross_comms):
             with contextlib.suppress(Exception):  # best effort at teardown
                 comm.Free()
-        self._packers.clear()
-        self._scratch.clear()
-        self._host_scratch.clear()
-        self._pinned.clear()
-        self._fused_views.clear()
+        self.buffers.clear()
         self.launcher.close()
-
-
-def _addressed(arrays: Sequence[Any]) -> tuple[Sequence[Any], tuple[int, ...]]:
-    """Arrays with their device addresses, as :meth:`DeviceGroup._packer` takes them."""
-    return arrays, tuple([int(a.data.ptr) for a in arrays])
 
 
 class _CommGroup:

@@ -13,9 +13,10 @@ one.  That layout is checked against the PTX's parameter list when a variant is 
 for every variant in CI), so a numba that lays parameters out differently makes this path step
 aside for that variant, with a warning, rather than launch with wrong arguments.
 
-:class:`Launcher` runs the steps of :mod:`.kernels` (one plan, so numba's dispatch and this path
-launch the same kernels on the same buffers): prepared where it can, numba's dispatch otherwise
-(numba's CUDA simulator, a GPU numba cannot compile for, a variant that failed to load).
+:class:`Launcher` runs the steps of :mod:`.kernel_steps` (one plan, so numba's dispatch and this
+path launch the same kernels on the same buffers): prepared where it can, numba's dispatch
+otherwise (numba's CUDA simulator, a GPU numba cannot compile for, a variant that failed
+to load).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import MpitrainInternalError
-from . import kernels, ptx
+from . import kernel_steps, kernels, ptx
 
 # numba's data model of a one-dimensional array argument: meminfo, parent, nitems, itemsize,
 # data, shape[0], strides[0], each one 64-bit parameter.
@@ -44,7 +45,7 @@ _ENTRY = re.compile(r"\.entry\s+([\w$]+)\s*\((.*?)\)", re.S)
 _PARAM = re.compile(r"\.param\s+\.(\w+)")
 
 
-def variant(step: kernels.Step, buffers: Sequence[Any]) -> ptx.Kernel:
+def variant(step: kernel_steps.Step, buffers: Sequence[Any]) -> ptx.Kernel:
     """The :class:`.ptx.Kernel` that ``step`` launches on ``buffers`` (their dtypes pick it)."""
     arrays = tuple(np.dtype(b.dtype).name for b in buffers)
     return ptx.Kernel(step.family, "", step.kinds, step.op.name if step.op else "", arrays)
@@ -136,7 +137,7 @@ class PreparedKernels:
             return None
         return function
 
-    def launch(self, step: kernels.Step, buffers: Sequence[Any], n: int, stream: Any) -> bool:
+    def launch(self, step: kernel_steps.Step, buffers: Sequence[Any], n: int, stream: Any) -> bool:
         """Launch ``step`` over ``n`` elements of ``buffers`` on ``stream`` (a cupy stream).
 
         Returns False, launching nothing, when its variant could not be prepared.
@@ -163,20 +164,20 @@ class PreparedKernels:
 
 
 class Launcher:
-    """Runs :class:`.kernels.Step` lists on cupy arrays: prepared, else numba's dispatch."""
+    """Runs :class:`.kernel_steps.Step` lists on cupy arrays: prepared, else numba's dispatch."""
 
     def __init__(self, prepared: PreparedKernels | None, numba_cuda: Any) -> None:
         self.prepared = prepared
         self.numba_cuda = numba_cuda
         self._streams: dict[int, Any] = {}
 
-    def run(self, steps: Sequence[kernels.Step], inputs: Sequence[Any], out: Any,
+    def run(self, steps: Sequence[kernel_steps.Step], inputs: Sequence[Any], out: Any,
             scratch: Any, stream: Any) -> None:
         """Launch ``steps`` on ``stream`` (cupy's) over ``out``'s length (see
-        :func:`.kernels.step_buffers` for what each reads and writes)."""
+        :func:`.kernel_steps.step_buffers` for what each reads and writes)."""
         n = int(out.size)
         for step in steps:
-            buffers = kernels.step_buffers(step, list(inputs), out, scratch)
+            buffers = kernel_steps.step_buffers(step, list(inputs), out, scratch)
             if self.prepared is not None and self.prepared.launch(step, buffers, n, stream):
                 continue
             kernels.launch_step(step, [self.numba_array(b) for b in buffers], n,

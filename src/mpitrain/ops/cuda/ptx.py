@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 from ...dtypes import FLOATING, STORAGE, ReduceOp
 from ...errors import MpitrainInternalError
+from . import kernel_steps as _steps
 from . import kernels as _kernels
 from . import pack as _pack
 
@@ -80,17 +81,17 @@ def _combine(dtype: str, kinds: tuple[str, str, str], op: ReduceOp,
 def numba_kernels() -> list[Kernel]:
     """Every reduction/cast kernel that :func:`.kernels.reduce_buffers` and :func:`.kernels.cast`
     launch, each once: per dtype and op, the single-input scaling and the four steps of
-    :func:`.kernels.reduce_plan` (storage or accumulator in, storage or accumulator out), on the
-    arrays the device data plane hands them (bool tensors stay bool, reduced as uint8)."""
+    :func:`.kernel_steps.reduce_plan` (storage or accumulator in, storage or accumulator out), on
+    the arrays the device data plane hands them (bool tensors stay bool, reduced as uint8)."""
     found: dict[Kernel, None] = {}
     for dtype, storage in STORAGE.items():
         kind = "uint8" if dtype == "bool" else dtype
-        arr, acc_arr = storage.name, _kernels.accumulator_dtype(kind).name
+        arr, acc_arr = storage.name, _steps.accumulator_dtype(kind).name
         found[Kernel("scale", dtype, (kind, kind), "", (arr, arr))] = None
-        ops = dict.fromkeys(_kernels.storage_op(dtype, op) for op in _REDUCE_OPS)
+        ops = dict.fromkeys(_steps.storage_op(dtype, op) for op in _REDUCE_OPS)
         for op in ops:
             for count in (2, 3, 4):
-                for a, _b, kind_a, kind_out, last in _kernels.reduce_plan(count, kind):
+                for a, _b, kind_a, kind_out, last in _steps.reduce_plan(count, kind):
                     arrays = (arr if a >= 0 else acc_arr, arr, arr if last else acc_arr)
                     found[_combine(dtype, (kind_a, kind, kind_out), op, arrays)] = None
     for src in sorted(FLOATING):

@@ -15,6 +15,8 @@ store instead:
   client's in turn, so a client never hands its data to an impostor.  Traffic after that is not
   encrypted (like MPI's own): the key keeps out whoever connects, not whoever can read the wire.
 
+The frames and both halves of that handshake are :mod:`.store_wire`'s.
+
 The client (:class:`JobStore`) is a ``torch.distributed.Store`` written in Python: torch and
 Gloo call it like any store (``PrefixStore`` wraps it, ``new_group(backend="gloo")`` and DDP
 rendezvous through it).  Each connection carries one request at a time; a call that finds every
@@ -28,8 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import hashlib
-import hmac
 import secrets
 import socket
 import struct
@@ -40,57 +40,36 @@ from typing import Any
 
 import torch.distributed as dist
 
+from .store_wire import (
+    ADD,
+    APPEND,
+    BAD,
+    CAS,
+    CHECK,
+    DELETE,
+    GET,
+    HANDSHAKE_S,
+    LIST,
+    MGET,
+    MSET,
+    NUM,
+    OK,
+    SET,
+    TIMEOUT,
+    WAIT,
+    AuthenticationError,
+    accept,
+    connect,
+    recv_frame,
+    send_frame,
+)
+
 KEY_BYTES = 32
-_NONCE = 32
-_CLIENT, _SERVER = b"mpitrain-store-client", b"mpitrain-store-server"
-_HANDSHAKE_S = 10.0  # how long a connection may take to prove itself
-
-# Requests: one byte, then length-prefixed fields.
-SET, GET, ADD, CAS, CHECK, WAIT, NUM, DELETE, APPEND, MGET, MSET, LIST = range(1, 13)
-# Replies: one byte, then fields.
-OK, TIMEOUT, BAD = 0, 1, 2
-
-
-class AuthenticationError(ConnectionError):
-    """The other end of a store connection did not prove it knows the job's key."""
 
 
 def new_key() -> bytes:
     """A fresh random key for one job's store."""
     return secrets.token_bytes(KEY_BYTES)
-
-
-def _mac(key: bytes, role: bytes, nonce: bytes) -> bytes:
-    return hmac.new(key, role + nonce, hashlib.sha256).digest()
-
-
-# ---------------------------------------------------------------- framing
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    chunks = []
-    while n:
-        chunk = sock.recv(min(n, 1 << 20))
-        if not chunk:
-            raise ConnectionError("the store connection was closed")
-        chunks.append(chunk)
-        n -= len(chunk)
-    return b"".join(chunks)
-
-
-def _send_frame(sock: socket.socket, head: int, fields: Sequence[bytes]) -> None:
-    parts = [struct.pack("!BI", head, len(fields))]
-    for f in fields:
-        parts.append(struct.pack("!Q", len(f)))
-        parts.append(f)
-    sock.sendall(b"".join(parts))
-
-
-def _recv_frame(sock: socket.socket) -> tuple[int, list[bytes]]:
-    head, count = struct.unpack("!BI", _recv_exact(sock, 5))
-    fields = []
-    for _ in range(count):
-        (length,) = struct.unpack("!Q", _recv_exact(sock, 8))
-        fields.append(_recv_exact(sock, length))
-    return head, fields
 
 
 # ---------------------------------------------------------------- server
@@ -160,9 +139,9 @@ class StoreServer:
     def _serve(self, conn: socket.socket) -> None:
         with conn:
             try:
-                conn.settimeout(_HANDSHAKE_S)
+                conn.settimeout(HANDSHAKE_S)
                 try:
-                    proved = self._handshake(conn)
+                    proved = accept(conn, self.key)
                 except (OSError, ConnectionError):
                     proved = False  # gave up, or sent something else (torch's own client)
                 if not proved:
@@ -171,23 +150,13 @@ class StoreServer:
                 conn.settimeout(None)
                 self._conns.add(conn)
                 while not self._closed:
-                    head, fields = _recv_frame(conn)
+                    head, fields = recv_frame(conn)
                     reply, out = self._handle(head, fields)
-                    _send_frame(conn, reply, out)
+                    send_frame(conn, reply, out)
             except (OSError, ConnectionError, struct.error):
                 return  # the client went away (or was refused)
             finally:
                 self._conns.discard(conn)
-
-    def _handshake(self, conn: socket.socket) -> bool:
-        challenge = secrets.token_bytes(_NONCE)
-        conn.sendall(challenge)
-        answer = _recv_exact(conn, 32)
-        if not hmac.compare_digest(answer, _mac(self.key, _CLIENT, challenge)):
-            return False
-        theirs = _recv_exact(conn, _NONCE)
-        conn.sendall(_mac(self.key, _SERVER, theirs))
-        return True
 
     # The operations, with torch's TCPStore meaning.
     def _handle(self, head: int, f: list[bytes]) -> tuple[int, list[bytes]]:
@@ -261,34 +230,6 @@ def _as_bytes(value: Any) -> bytes:
     raise TypeError(f"store values are bytes or str, not {type(value).__name__}")
 
 
-def connect(address: str, port: int, key: bytes, timeout_s: float) -> socket.socket:
-    """A connection to the store at ``address:port`` that has proved itself both ways.
-
-    Raises:
-        AuthenticationError: the server did not prove it knows ``key``.
-        OSError: no connection within ``timeout_s``.
-    """
-    sock = socket.create_connection((address, port), timeout=min(timeout_s, _HANDSHAKE_S))
-    try:
-        challenge = _recv_exact(sock, _NONCE)
-        sock.sendall(_mac(key, _CLIENT, challenge))
-        mine = secrets.token_bytes(_NONCE)
-        sock.sendall(mine)
-        try:
-            proof = _recv_exact(sock, 32)
-        except OSError:  # the server hung up on our answer: it holds another key
-            raise AuthenticationError(f"the store at {address}:{port} refused this process: "
-                                      "it is not the job's key") from None
-        if not hmac.compare_digest(proof, _mac(key, _SERVER, mine)):
-            raise AuthenticationError(f"the store at {address}:{port} did not prove it knows "
-                                      "the job's key")
-    except BaseException:
-        sock.close()
-        raise
-    sock.settimeout(None)
-    return sock
-
-
 # torch keeps a store it was handed as a C++ pointer; the Python half of a store written in
 # Python (its methods) must outlive every such pointer, or torch's calls find no method
 # ("Not implemented", seen with Gloo's rendezvous).  So every client stays here until closed.
@@ -335,8 +276,8 @@ class JobStore(dist.Store):
         if sock is None:  # every connection is busy (a wait in another thread): one more
             sock = self._connect()
         try:
-            _send_frame(sock, head, fields)
-            reply, out = _recv_frame(sock)
+            send_frame(sock, head, fields)
+            reply, out = recv_frame(sock)
         except BaseException:
             sock.close()
             raise
