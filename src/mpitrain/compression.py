@@ -7,8 +7,12 @@ drop-in's ``register_comm_hook``.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .casts import BF16Compressor, Compressor, FP16Compressor, NoneCompressor
-from .compressors import OneBit, PowerSGD, TopK
+
+if TYPE_CHECKING:
+    from .compressors import OneBit, PowerSGD, TopK
 
 
 class Compression:
@@ -25,17 +29,23 @@ class Compression:
                  batch_same_shape: bool = False) -> PowerSGD:
         """Low-rank compression, torch's ``powerSGD_hook`` step for step (see
         :class:`mpitrain.compressors.PowerSGD`)."""
+        from .compressors import PowerSGD  # deferred: torch, which the face loads without
+
         return PowerSGD(rank, start_iter, min_compression_rate, use_error_feedback,
                         warm_start, orthogonalization_epsilon, seed, batch_same_shape)
 
     @staticmethod
     def topk(ratio: float = 0.01) -> TopK:
         """The ``ratio`` largest entries of each gradient, with error feedback."""
+        from .compressors import TopK  # deferred: torch, which the face loads without
+
         return TopK(ratio)
 
     @staticmethod
     def onebit() -> OneBit:
         """Signs and one scale per gradient, with error feedback."""
+        from .compressors import OneBit  # deferred: torch, which the face loads without
+
         return OneBit()
 
 
