@@ -316,6 +316,10 @@ class Cluster:
         if HOSTS_FILE.exists():
             _edit_hosts(self.tag, [])
         shutil.rmtree(self.state_dir, ignore_errors=True)
+        # Open MPI names its shared-memory segments after the host; a host killed whole (the
+        # elastic tests do that) never removes its own.
+        for segment in Path("/dev/shm").glob(f"*.{self.name}-node*"):
+            segment.unlink(missing_ok=True)
         _autogroups_restore()
 
     def mpi_args(self) -> list[str]:
