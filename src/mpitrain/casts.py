@@ -10,6 +10,7 @@ gradients) at a coarser precision; Horovod has no bf16 compressor.  Users name t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -57,6 +58,34 @@ def _is_wide_float(tensor: Any) -> bool:
     return isinstance(tensor, np.ndarray) and tensor.dtype in (np.float32, np.float64)
 
 
+def _narrow(tensor: Any, wire: str, numpy_dtype: Callable[[], Any]) -> tuple[Any, Any]:
+    """A float32/float64 ``tensor`` as ``wire`` (torch's dtype of that name; for numpy,
+    ``numpy_dtype()``), with its dtype as the context; anything else as it is."""
+    if not _is_wide_float(tensor):
+        return tensor, None
+    if is_torch(tensor):
+        return tensor.to(getattr(loaded_torch(), wire)), tensor.dtype
+    return tensor.astype(numpy_dtype()), tensor.dtype
+
+
+def _widen(tensor: Any, ctx: Any) -> Any:
+    """Undo :func:`_narrow`: back to the dtype in ``ctx`` (None: it was left as it is)."""
+    if ctx is None:
+        return tensor
+    if is_torch(tensor):
+        return tensor.to(ctx)
+    return tensor.astype(ctx)
+
+
+def _numpy_bfloat16() -> Any:
+    try:
+        import ml_dtypes  # optional: only bf16 compression of numpy arrays needs it
+    except ImportError:
+        raise TypeError("Compression.bf16 on numpy arrays needs the ml_dtypes package; "
+                        "use torch tensors or Compression.fp16") from None
+    return ml_dtypes.bfloat16
+
+
 class FP16Compressor(Compressor):
     """Send float32/float64 tensors as float16."""
 
@@ -64,19 +93,11 @@ class FP16Compressor(Compressor):
 
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
-        if not _is_wide_float(tensor):
-            return tensor, None
-        if is_torch(tensor):
-            return tensor.to(loaded_torch().float16), tensor.dtype
-        return tensor.astype(np.float16), tensor.dtype
+        return _narrow(tensor, "float16", lambda: np.float16)
 
     @staticmethod
     def decompress(tensor: Any, ctx: Any) -> Any:
-        if ctx is None:
-            return tensor
-        if is_torch(tensor):
-            return tensor.to(ctx)
-        return tensor.astype(ctx)
+        return _widen(tensor, ctx)
 
 
 class BF16Compressor(Compressor):
@@ -86,24 +107,11 @@ class BF16Compressor(Compressor):
 
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
-        if not _is_wide_float(tensor):
-            return tensor, None
-        if is_torch(tensor):
-            return tensor.to(loaded_torch().bfloat16), tensor.dtype
-        try:
-            import ml_dtypes  # optional: only bf16 compression of numpy arrays needs it
-        except ImportError:
-            raise TypeError("Compression.bf16 on numpy arrays needs the ml_dtypes package; "
-                            "use torch tensors or Compression.fp16") from None
-        return tensor.astype(ml_dtypes.bfloat16), tensor.dtype
+        return _narrow(tensor, "bfloat16", _numpy_bfloat16)
 
     @staticmethod
     def decompress(tensor: Any, ctx: Any) -> Any:
-        if ctx is None:
-            return tensor
-        if is_torch(tensor):
-            return tensor.to(ctx)
-        return tensor.astype(ctx)
+        return _widen(tensor, ctx)
 
 
 __all__ = ["BF16Compressor", "Compressor", "FP16Compressor", "NoneCompressor"]
