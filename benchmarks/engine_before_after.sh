@@ -5,6 +5,10 @@
 #
 #   bash benchmarks/engine_before_after.sh d913ad9 10
 set -euo pipefail
+if [ "${1:-}" = -h ] || [ "${1:-}" = --help ]; then
+    sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'
+    exit 0
+fi
 cd "$(dirname "$0")/.."
 BEFORE=${1:?usage: engine_before_after.sh COMMIT [ROUNDS]}
 ROUNDS=${2:-10}
