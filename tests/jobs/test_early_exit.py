@@ -120,7 +120,7 @@ def test_the_job_ends_naming_the_rank_that_left(how, when, said):
                           "finished and rank 0's MPI_Init waits for it inside the library; "
                           "no Python code runs on the leaving rank to tell anyone")
 def test_os_exit_zero_before_mpi_started_is_the_known_gap():
-    run_job(2, [sys.executable, str(SCRIPT), "os_exit0", "before"], timeout=20)
+    run_job(2, [sys.executable, str(SCRIPT), "os_exit0", "before"], timeout=10)
 
 
 ELASTIC = textwrap.dedent("""
