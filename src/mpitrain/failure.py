@@ -163,6 +163,8 @@ def _at_exit() -> None:
             claim = launchers.detect()
             if claim is None or claim.launcher.kind != "mpi":
                 return  # no MPI job
+            if _failing["how"] == f"raised {KeyboardInterrupt.__name__}":
+                return  # Ctrl-C: every rank got it, and none should wait to start MPI now
             # Under an MPI launcher the others' MPI_Init waits for this process to start MPI
             # (Open MPI counts a rank that ends with status 0 without it as finished): start
             # it, so that they get as far as init(), where the announcement reaches them.  With
