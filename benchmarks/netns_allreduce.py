@@ -56,6 +56,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CONTENDERS = ("ring", "hierarchical", "auto")
+# hvd.allreduce(float32, compression=Compression.fp16): the functional call, under auto.
+FUNCTIONAL_FP16 = "auto-functional-fp16"
 MiB = 1 << 20
 
 
@@ -67,6 +69,17 @@ def _timed(fn, iters: int, barrier) -> list[float]:
         fn()
         times.append(time.perf_counter() - start)
     return times
+
+
+def _call(hvd, name: str, wide, half):
+    """One timed call of contender ``name``: the in-place allreduce of the float32 buffer
+    (or of its float16 copy for ``-fp16``), or, for ``FUNCTIONAL_FP16``, the call users write
+    to compress: ``hvd.allreduce(float32 tensor, compression=Compression.fp16)``, which casts
+    into a new tensor and returns a new float32 one."""
+    if name == FUNCTIONAL_FP16:
+        return lambda: hvd.allreduce(wide, op=hvd.Sum, compression=hvd.Compression.fp16)
+    buf = half if name.endswith("-fp16") else wide
+    return lambda: hvd.allreduce_(buf, op=hvd.Sum, name=f"bench.{buf.numel()}")
 
 
 def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
@@ -89,7 +102,8 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
     halves = {s: b.to(torch.float16) for s, b in buffers.items()}
     contenders = [*CONTENDERS, "engine-mpi",
                   *(["hierarchical-pipelined"] if pipeline > 1 else []),
-                  *(f"{c}-fp16" for c in CONTENDERS if fp16)]
+                  *(f"{c}-fp16" for c in CONTENDERS if fp16),
+                  *([FUNCTIONAL_FP16] if fp16 else [])]
 
     def record(name: str, s: float, times: list[float]) -> None:
         slowest = world.allreduce(max(times), op=MPI.MAX)  # a collective ends at its slowest
@@ -124,7 +138,7 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
         # Rotate who goes first each round so that order effects fall on everyone alike.
         turn = round_ % len(contenders)
         for name in contenders[turn:] + contenders[:turn]:
-            algorithm = name.removesuffix("-fp16")
+            algorithm = name.removesuffix("-fp16").removesuffix("-functional")
             if algorithm == "engine-mpi":
                 algorithm = "mpi"
             if algorithm == "hierarchical-pipelined":
@@ -137,13 +151,12 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
             os.environ["MPITRAIN_LOG_LEVEL"] = "INFO" if algorithm == "auto" else "WARNING"
             hvd.init()
             for s in buffers:
-                buf = halves[s] if name.endswith("-fp16") else buffers[s]
+                call = _call(hvd, name, buffers[s], halves[s])
                 # auto first times each contender on its first calls of a size (across
                 # nodes, mpitrain.ops.calibration): warm up past that, as training does.
                 for _ in range(1 + calls_to_decide(3) if name.startswith("auto") else 1):
-                    hvd.allreduce_(buf, op=hvd.Sum, name=f"warm.{s}")
-                record(name, s, _timed(lambda b=buf, s_=s: hvd.allreduce_(
-                    b, op=hvd.Sum, name=f"bench.{s_}"), iters, hvd.barrier))
+                    call()
+                record(name, s, _timed(call, iters, hvd.barrier))
             hvd.shutdown()
     if rank == 0:
         print("BENCH " + json.dumps({"size": size, "local_size": local, "link_Bps": link,
@@ -183,6 +196,11 @@ def report(data: dict, shaped: dict[str, str]) -> str:
                             f"own called directly; auto takes "
                             f"{medians['auto'] / medians['engine-mpi']:.2f}x the time of the "
                             f"former")
+        if FUNCTIONAL_FP16 in medians:
+            verdicts.append(f"{float(s):g} MiB: hvd.allreduce(float32, compression=fp16) is "
+                            f"{medians['mpi'] / medians[FUNCTIONAL_FP16]:.2f}x MPI's float32 "
+                            f"and {medians['auto-fp16'] / medians[FUNCTIONAL_FP16]:.2f}x auto "
+                            f"on a float16 buffer in place")
         if "auto-fp16" in medians:
             verdicts.append(f"{float(s):g} MiB: auto on float16 is "
                             f"{medians['mpi'] / medians['auto-fp16']:.2f}x MPI's float32 and "
@@ -211,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default="mtbench", help="cluster name")
     parser.add_argument("--json", help="also write the raw measurements here")
     parser.add_argument("--fp16", action="store_true",
-                        help="also every contender on float16 tensors of the same length")
+                        help="also every contender on float16 tensors of the same length, and "
+                             "hvd.allreduce(float32, compression=Compression.fp16)")
     parser.add_argument("--pipeline", type=int, default=0, metavar="K",
                         help="also time the hierarchical allreduce pipelined over K chunks")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)

@@ -86,6 +86,11 @@ def _numpy_bfloat16() -> Any:
     return ml_dtypes.bfloat16
 
 
+def numpy_wire_dtype(wire: str) -> Any:
+    """numpy's type for a wire dtype name (``float16``; ``bfloat16`` needs ml_dtypes)."""
+    return np.float16 if wire == "float16" else _numpy_bfloat16()
+
+
 class FP16Compressor(Compressor):
     """Send float32/float64 tensors as float16."""
 
@@ -114,4 +119,5 @@ class BF16Compressor(Compressor):
         return _widen(tensor, ctx)
 
 
-__all__ = ["BF16Compressor", "Compressor", "FP16Compressor", "NoneCompressor"]
+__all__ = ["BF16Compressor", "Compressor", "FP16Compressor", "NoneCompressor",
+           "numpy_wire_dtype"]

@@ -10,6 +10,7 @@ from ..casts import Compressor, NoneCompressor
 from ..dtypes import check_reduce_supported
 from ..engine.request import Entry, Handle, Kind, Request
 from ..process_sets import ProcessSet, global_process_set, set_id_of
+from . import wire
 from .requests import (
     Average,
     as_list,
@@ -97,8 +98,14 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
     """Reduce ``tensor`` across the process set and return the result as a new tensor.
 
     Every rank of the process set must call this, in the same order.  ``compression``
-    (e.g. ``Compression.fp16``) shrinks the tensor on the wire and restores its dtype after.
+    (e.g. ``Compression.fp16``) shrinks the tensor on the wire and restores its dtype after:
+    a host float tensor is cast into a reused 16-bit buffer reduced in place (:mod:`.wire`).
     """
+    narrowed = wire.narrow([tensor], compression)
+    if narrowed is not None:
+        synchronize(allreduce_async_(narrowed[0].buffer, average, name, op, prescale_factor,
+                                     postscale_factor, process_set))
+        return wire.widened(narrowed)[0]
     compressed, ctx = compression.compress(tensor)
     handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor,
                              process_set)
@@ -138,6 +145,11 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
                       op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                       process_set: ProcessSet = global_process_set) -> list[Any]:
     """Reduce a list of tensors together; returns new tensors in the same order."""
+    narrowed = wire.narrow(as_list(tensors), compression)
+    if narrowed is not None:
+        synchronize(grouped_allreduce_async_([n.buffer for n in narrowed], average, name, op,
+                                             prescale_factor, postscale_factor, process_set))
+        return wire.widened(narrowed)
     pairs = [compression.compress(t) for t in as_list(tensors)]
     handle = grouped_allreduce_async([p[0] for p in pairs], average, name, op, prescale_factor,
                                      postscale_factor, process_set)
