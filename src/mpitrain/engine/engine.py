@@ -24,6 +24,7 @@ from .. import survivors, topology
 from ..config import Config
 from ..dtypes import STORAGE
 from ..errors import CollectiveMismatchError, MpitrainInternalError, ranks_text
+from ..ops.kernels import cpu
 from . import autotune_sync, buckets
 from .autotune import Setting, start_setting
 from .negotiation import Response
@@ -103,6 +104,7 @@ class Engine:
 
     # ------------------------------------------------------------------ submission
     def start(self) -> None:
+        cpu.warm_up_in_background()  # the first allreduce need not wait for numba's load
         self._thread = threading.Thread(target=self._run, name="mpitrain-engine", daemon=True)
         self._thread.start()
 
