@@ -65,6 +65,31 @@ def _batches(width: int, batch: int, rank: int):
     return x, torch.randn(batch, width, generator=gen)
 
 
+def _tcp_counters() -> tuple[int, int]:
+    """This network namespace's TCP segments retransmitted and retransmission timeouts so
+    far (/proc/net is per namespace, so each host's counts are its own)."""
+    def table(path: str) -> dict[str, int]:
+        rows = Path(path).read_text().splitlines()
+        out = {}
+        for head, values in zip(rows[::2], rows[1::2]):
+            prefix = head.split(":")[0]
+            for k, v in zip(head.split()[1:], values.split()[1:]):
+                out[f"{prefix}.{k}"] = int(v)
+        return out
+
+    snmp, netstat = table("/proc/net/snmp"), table("/proc/net/netstat")
+    return snmp.get("Tcp.RetransSegs", 0), netstat.get("TcpExt.TCPTimeouts", 0)
+
+
+def _tcp_since(before: tuple[int, int], world) -> list[int]:
+    """The whole cluster's retransmitted segments and timeouts since ``before``, counted once
+    per host (by its first local rank)."""
+    first_on_host = os.environ.get("OMPI_COMM_WORLD_LOCAL_RANK", "0") == "0"
+    now = _tcp_counters()
+    mine = [a - b for a, b in zip(now, before)] if first_on_host else [0, 0]
+    return [sum(c) for c in zip(*world.allgather(mine))]
+
+
 def _step_loop(step, count: int, world) -> list[float]:
     """Time ``count`` calls of ``step``; each time is the slowest rank's (gathered after the
     loop, so no extra collective runs between steps)."""
@@ -182,12 +207,16 @@ def run_contender(name: str, args: argparse.Namespace, world) -> dict[str, list[
         raise ValueError(f"unknown contender {name!r}; choose from {', '.join(ALL)}")
 
     world.Barrier()
+    tcp = _tcp_counters()
     first = _step_loop(step, args.first, world)
+    tcp_first = _tcp_since(tcp, world)
     _step_loop(step, args.warmup, world)
+    tcp = _tcp_counters()
     timed = _step_loop(step, args.steps, world)
+    tcp_timed = _tcp_since(tcp, world)
     for done in cleanup:
         done()
-    return {"first": first, "timed": timed}
+    return {"first": first, "timed": timed, "tcp_first": tcp_first, "tcp_timed": tcp_timed}
 
 
 def worker(args: argparse.Namespace) -> int:
@@ -227,21 +256,27 @@ def report(data: dict, shaped: dict[str, str], hosts: int) -> str:
              + (", ".join(f"{k} {v}" for k, v in shaped.items()) or "unshaped")
              + f"; load average at the end {data['load'][0]:.1f}",
              f"{'contender':>10} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'p95/p50':>8} "
-             f"{'max/p50':>8} {'vs ideal':>9} {'vs none':>8} {'first/steady':>13}"]
+             f"{'max/p50':>8} {'vs ideal':>9} {'vs none':>8} {'first/steady':>13} "
+             f"{'retrans/step':>13} {'RTOs':>5}"]
     stats = {}
     for name, rounds in data["results"].items():
         timed = [t for r in rounds for t in r["timed"]]
         first = [sum(r["first"]) for r in rounds]
         p50 = statistics.median(timed)
+        # TCP's retransmissions and timeouts during the timed steps, all rounds (older
+        # results have none): a retransmission timeout stalls a flow for >= 200 ms.
+        tcp = [sum(r.get("tcp_timed", [0, 0])[i] for r in rounds) for i in (0, 1)]
         stats[name] = (p50, _pct(timed, 0.95), max(timed),
-                       statistics.median(first) / (p50 * len(rounds[0]["first"])))
-    for name, (p50, p95, worst, tax) in stats.items():
+                       statistics.median(first) / (p50 * len(rounds[0]["first"])),
+                       tcp[0] / max(1, len(timed)), tcp[1])
+    for name, (p50, p95, worst, tax, retrans, rtos) in stats.items():
         ideal = stats.get("ideal", (None,))[0]
         none = stats.get("none", (None,))[0]
         lines.append(f"{name:>10} {p50 * 1e3:>8.1f} {p95 * 1e3:>8.1f} {worst * 1e3:>8.1f} "
                      f"{p95 / p50:>8.2f} {worst / p50:>8.2f} "
                      f"{(p50 / ideal if ideal else float('nan')):>8.2f}x "
-                     f"{(p50 / none if none else float('nan')):>7.2f}x {tax:>12.2f}x")
+                     f"{(p50 / none if none else float('nan')):>7.2f}x {tax:>12.2f}x "
+                     f"{retrans:>13.1f} {rtos:>5d}")
     return "\n".join(lines)
 
 
