@@ -45,7 +45,7 @@ from .. import mpi as mpi_ops
 from .. import ordered
 from ..algorithms import allreduce as host_allreduce
 from ..group import Group
-from ..reduction import Reduction
+from ..reduction import Overrides, Reduction
 from . import fixed_point, ipc, kernel_steps, kernels, launch, streams, transport
 from .buffers import DeviceBuffers, addressed
 from .probe import require
@@ -180,14 +180,14 @@ class DeviceGroup:
         def reduce_host(host: np.ndarray) -> None:
             if host_group is self.group:
                 # streams=1: the device channels already run in parallel; no nested split.
-                host_allreduce(self.group, host, host, dtype, op, prescale, postscale,
-                               streams=1)
+                host_allreduce(self.group, host, host, Reduction(dtype, prescale, postscale, op),
+                               overrides=Overrides(streams=1))
             elif self.rank_order and dtype in FLOATING:
                 ws = self.buffers.host_scratch(channel.index)
                 ordered.allreduce(ordered.Ranks(comm, None, ws), host, host,
                                   Reduction(dtype, prescale, postscale, op))
             else:
-                mpi_ops.allreduce(host_group, host, host, dtype, op, prescale, postscale)
+                mpi_ops.allreduce(host_group, host, host, Reduction(dtype, prescale, postscale, op))
 
         transport.staged_allreduce(self.backend, channel.stream, buf, hosts, count, chunk, copy,
                                    reduce_host)
@@ -251,7 +251,7 @@ class DeviceGroup:
             self.backend.host_wait(event)  # the producer's writes, before the download
         hosts = [self.cupy.asnumpy(x).reshape(-1) for x in inputs]
         fused = np.concatenate(hosts)
-        host_allreduce(self.group, fused, fused, how.dtype, how.op, how.prescale, how.postscale)
+        host_allreduce(self.group, fused, fused, how)
         offset = 0
         for out, host in zip(outputs, hosts):
             out.set(fused[offset:offset + host.size].reshape(out.shape))
