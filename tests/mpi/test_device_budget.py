@@ -88,8 +88,8 @@ def _call(dg, tensors, dtype, postscale):
     ready = cupy.cuda.Event()
     ready.record(framework)
     fake_cuda.reset_ledger()
-    dg.allreduce(tensors, tensors, np.dtype(dtype).name, ReduceOp.SUM, 1.0, postscale, [ready],
-                 [framework])
+    dg.allreduce(tensors, tensors, Reduction(np.dtype(dtype).name, 1.0, postscale, ReduceOp.SUM),
+                 [ready], [framework])
     return fake_cuda.ledger()
 
 

@@ -163,7 +163,7 @@ class DeviceLayer:
             kind = dg.cupy.ndarray
             dg.allreduce([x if type(x) is kind else to_device(x) for x in inputs],
                          [x if type(x) is kind else to_device(x) for x in outputs],
-                         how.dtype, how.op, how.prescale, how.postscale, ready, streams)
+                         how, ready, streams)
 
     def _adasum_staged(self, inputs: Sequence[Any], outputs: Sequence[Any],
                        requests: Sequence[Any], how: Reduction) -> None:
