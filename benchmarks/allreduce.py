@@ -73,6 +73,7 @@ def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> in
     from mpitrain.dtypes import ReduceOp
     from mpitrain.ops import algorithms, mpi, shm
     from mpitrain.ops.group import Group
+    from mpitrain.ops.reduction import Overrides, Reduction
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -80,6 +81,7 @@ def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> in
     cfg = config_mod.load()
     topo, comms = topology.build(world.Dup(), cfg.local_size)
     group = Group(comms, topo, cfg)
+    sum32 = Reduction("float32", op=ReduceOp.SUM)  # the one reduction timed here
     port = world.bcast(_free_port() if rank == 0 else None, root=0)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=size)
@@ -123,13 +125,13 @@ def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> in
         contenders = {}
         for algo in algos:
             contenders[f"mpitrain:{algo}"] = (
-                lambda a=algo: algorithms.allreduce(group, src, out, "float32", ReduceOp.SUM,
-                                                    algorithm=a, streams=1))
+                lambda a=algo: algorithms.allreduce(group, src, out, sum32,
+                                                    overrides=Overrides(a, streams=1)))
         for s in streams:
             if s > 1 and nbytes >= 4 * MiB:
                 contenders[f"mpitrain:auto,streams={s}"] = (
-                    lambda s_=s: algorithms.allreduce(group, src, out, "float32",
-                                                      ReduceOp.SUM, streams=s_))
+                    lambda s_=s: algorithms.allreduce(group, src, out, sum32,
+                                                      overrides=Overrides(streams=s_)))
         contenders["api"] = lambda: hvd.allreduce(tensor, op=hvd.Sum, name="bench")
         contenders["mpi4py"] = lambda: world.Allreduce(src, out, op=MPI.SUM)
         contenders["gloo"] = lambda: dist.all_reduce(tensor)
@@ -139,7 +141,7 @@ def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> in
             for name in names[shift:] + names[:shift]:
                 timed(name, nbytes, contenders[name], max(1, iters // rounds))
         # Correctness of what we time: the sum of 1..p on every element.
-        algorithms.allreduce(group, src, out, "float32", ReduceOp.SUM)
+        algorithms.allreduce(group, src, out, sum32)
         assert float(out[0]) == size * (size + 1) / 2, out[0]
 
     for nbytes in sizes:

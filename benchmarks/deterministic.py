@@ -59,6 +59,7 @@ def worker(sizes: list[int], rounds: int, result: str) -> int:
     from mpitrain.dtypes import ReduceOp
     from mpitrain.ops import algorithms
     from mpitrain.ops.group import Group
+    from mpitrain.ops.reduction import Reduction
 
     world = MPI.COMM_WORLD
     rank, size = world.Get_rank(), world.Get_size()
@@ -76,8 +77,8 @@ def worker(sizes: list[int], rounds: int, result: str) -> int:
         if name == "mpi4py":
             direct.Allreduce(src, out, op=MPI.SUM)
         else:
-            algorithms.allreduce(groups[name], src, out, "float32", ReduceOp.SUM, 1.0,
-                                 1.0 / size)
+            algorithms.allreduce(groups[name], src, out,
+                                 Reduction("float32", 1.0, 1.0 / size, ReduceOp.SUM))
 
     for nbytes in sizes:
         src = rng.normal(size=nbytes // 4).astype(np.float32)

@@ -62,6 +62,7 @@ def _kernel_row(cupy: Any, size: int, repeats: int) -> dict[str, Any]:
     from mpitrain.ops.cuda import kernel_steps, launch
     from mpitrain.ops.cuda import kernels as k
     from mpitrain.ops.cuda.pack import Packer
+    from mpitrain.ops.reduction import Reduction
 
     stream = cupy.cuda.get_current_stream()
     nstream = numba_cuda.external_stream(stream.ptr)
@@ -86,12 +87,13 @@ def _kernel_row(cupy: Any, size: int, repeats: int) -> dict[str, Any]:
     t_pack = _time_events(cupy, lambda: packer.pack(fused, stream), repeats)
     t_unpack = _time_events(cupy, lambda: packer.unpack(fused, stream), repeats)
     a, b, out = nb(src), nb(dst), nb(cupy.empty_like(src))
+    on = k.LaunchConfig(nstream)
     t_reduce = _time_events(cupy, lambda: k.reduce_buffers(
-        [a, b], out, "float32", ReduceOp.SUM, 0.5, 2.0, None, nstream), repeats)
+        [a, b], out, Reduction("float32", 0.5, 2.0, ReduceOp.SUM), None, on), repeats)
     bits = cupy.asarray(reference.f32_to_bf16(np.ones(size // 2, np.float32)))
     x16, y16, o16 = nb(bits), nb(bits.copy()), nb(cupy.empty_like(bits))
     t_reduce16 = _time_events(cupy, lambda: k.reduce_buffers(
-        [x16, y16], o16, "bfloat16", ReduceOp.SUM, 0.5, 2.0, None, nstream), repeats)
+        [x16, y16], o16, Reduction("bfloat16", 0.5, 2.0, ReduceOp.SUM), None, on), repeats)
     # The same reductions launched as the data plane launches them on a GPU: prepared cupy
     # RawKernels of the same PTX (mpitrain.ops.cuda.launch), without numba's per-call dispatch.
     prepared = launch.Launcher(launch.PreparedKernels(
@@ -133,6 +135,7 @@ def allreduce(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
     from mpitrain.dtypes import ReduceOp
     from mpitrain.ops.cuda.allreduce import DeviceGroup
     from mpitrain.ops.cuda.transport import Transport
+    from mpitrain.ops.reduction import Reduction
 
     hvd.init()
     p = hvd.size()
@@ -159,7 +162,7 @@ def allreduce(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
             stream.synchronize()
             comm.Barrier()
             start = time.perf_counter()
-            staging.allreduce([xc], [xc], "float32", ReduceOp.SUM, 1.0, 1.0, [], [stream])
+            staging.allreduce([xc], [xc], Reduction("float32", op=ReduceOp.SUM), [], [stream])
             stream.synchronize()
             if i:
                 times.append(time.perf_counter() - start)

@@ -116,7 +116,7 @@ class _Case:
 
     def call(self, requests: list[Any]) -> None:
         # Average over 2 ranks, as gradients are: a postscale of 1/2 (at one rank too).
-        self.layer.allreduce(self.tensors, self.tensors, requests, "float32", _sum(), 1.0, 0.5)
+        self.layer.allreduce(self.tensors, self.tensors, requests, _average_of_two())
 
     def close(self) -> None:
         self.layer.close()
@@ -146,9 +146,10 @@ def _profile(case: _Case, calls: int) -> dict[str, float]:
     return out
 
 
-def _sum() -> Any:
+def _average_of_two() -> Any:
     from mpitrain.dtypes import ReduceOp
-    return ReduceOp.SUM
+    from mpitrain.ops.reduction import Reduction
+    return Reduction("float32", 1.0, 0.5, ReduceOp.SUM)
 
 
 def _measure(case: _Case, comm: Any, repeats: int, fake: bool) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from mpi4py import MPI
 
 from mpitrain.dtypes import ReduceOp
 from mpitrain.ops import cuda as gpu
+from mpitrain.ops.reduction import Reduction
 
 N = 1 << 18  # float32 elements per buffer (1 MiB)
 
@@ -111,9 +112,10 @@ class Probe:
     def _numba_reduce(self, inputs: list[Any], want: float) -> None:
         out = self.cupy.empty(N, dtype=np.float32)
         stream = self.cupy.cuda.Stream(non_blocking=True)
-        self.kernels.reduce_buffers([self.nb(x) for x in inputs], self.nb(out), "float32",
-                                    ReduceOp.SUM, 1.0, 1.0, None,
-                                    self.numba_cuda.external_stream(stream.ptr))
+        self.kernels.reduce_buffers([self.nb(x) for x in inputs], self.nb(out),
+                                    Reduction("float32", op=ReduceOp.SUM), None,
+                                    self.kernels.LaunchConfig(
+                                        self.numba_cuda.external_stream(stream.ptr)))
         stream.synchronize()
         assert float(out[0]) == want and float(out[-1]) == want, f"got {out[:4]}"
 
@@ -174,7 +176,8 @@ class Probe:
                       for i in range(tensors)]
             stream = self.cupy.cuda.get_current_stream()
             with dg.on_device():
-                dg.allreduce(arrays, arrays, "float32", ReduceOp.SUM, 1.0, 1.0, [], [stream])
+                dg.allreduce(arrays, arrays, Reduction("float32", op=ReduceOp.SUM), [],
+                             [stream])
             stream.synchronize()
             for a in arrays:
                 got = a.get()

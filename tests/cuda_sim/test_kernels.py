@@ -12,6 +12,7 @@ from numba import cuda
 from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.cuda import kernel_steps, kernels
+from mpitrain.ops.reduction import Reduction
 
 N = 37
 pytestmark = pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")
@@ -48,8 +49,8 @@ def _run(inputs, dtype, op, pre, post, out=None):
     out = np.empty_like(inputs[0]) if out is None else out
     kind = "uint8" if dtype == "bool" else dtype
     scratch = np.empty(N, kernel_steps.accumulator_dtype(kind))
-    kernels.reduce_buffers([_storage(a, dtype) for a in inputs], _storage(out, dtype), dtype, op,
-                           pre, post, scratch, **LAUNCH)
+    kernels.reduce_buffers([_storage(a, dtype) for a in inputs], _storage(out, dtype),
+                           Reduction(dtype, pre, post, op), scratch, kernels.LaunchConfig(**LAUNCH))
     return out
 
 
@@ -123,7 +124,7 @@ def test_compression_casts_match_the_reference(src, dst):
     else:
         data = values.astype(src)
     out = np.empty(N, STORAGE[dst])
-    kernels.cast(data, out, src, dst, **LAUNCH)
+    kernels.cast(data, out, src, dst, on=kernels.LaunchConfig(**LAUNCH))
     want = reference.narrow(reference.widen(data, src), dst)
     np.testing.assert_array_equal(out.view(np.uint8), want.view(np.uint8))
 

@@ -20,6 +20,7 @@ from mpitrain.engine.device import cuda_awareness
 from mpitrain.ops import fixed_point, reference
 from mpitrain.ops.cuda.allreduce import DeviceGroup
 from mpitrain.ops.cuda.transport import Transport
+from mpitrain.ops.reduction import Reduction
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()
@@ -59,8 +60,9 @@ def test_device_buckets_give_the_designs_bits(hvd, cupy, mode, force, streams):
             xs = [cupy.asarray(x) for x in inputs[RANK]]
             outs = [cupy.zeros_like(x) for x in xs]
             stream = cupy.cuda.get_current_stream()
-            dg.allreduce(xs, outs, dtype, ReduceOp.SUM, pre, post, [], [stream])
-            dg.allreduce(xs[1:2], xs[1:2], dtype, ReduceOp.SUM, pre, post, [], [stream])
+            how = Reduction(dtype, pre, post, ReduceOp.SUM)
+            dg.allreduce(xs, outs, how, [], [stream])
+            dg.allreduce(xs[1:2], xs[1:2], how, [], [stream])
             stream.synchronize()
             for i, out in enumerate(outs):
                 want = _want(mode, [inputs[r][i] for r in range(SIZE)], dtype, pre, post)

@@ -6,6 +6,7 @@ import pytest
 from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.cuda import kernel_steps, kernels, pack
+from mpitrain.ops.reduction import Reduction
 
 pytestmark = pytest.mark.world_sizes(1)
 N = 1_000_003
@@ -30,7 +31,7 @@ def test_device_reduction_is_the_reference(cupy, dtype, op, count):
     inputs = [cuda.to_device(h) for h in hosts]
     out = cuda.device_array(N, STORAGE[dtype])
     scratch = cuda.device_array(N, kernel_steps.accumulator_dtype(dtype))
-    kernels.reduce_buffers(inputs, out, dtype, op, 0.5, 3.0, scratch)
+    kernels.reduce_buffers(inputs, out, Reduction(dtype, 0.5, 3.0, op), scratch)
     cuda.synchronize()
     want = reference.reduce(hosts, dtype, op, 0.5, 3.0)
     got = out.copy_to_host()
@@ -45,8 +46,8 @@ def test_device_sum_with_an_inexact_prescale_agrees_to_rounding(cupy, dtype):
     hosts = [_data(dtype, s) for s in range(3)]
     out = cuda.device_array(N, STORAGE[dtype])
     scratch = cuda.device_array(N, kernel_steps.accumulator_dtype(dtype))
-    kernels.reduce_buffers([cuda.to_device(h) for h in hosts], out, dtype, ReduceOp.SUM, 0.3,
-                           1.0, scratch)
+    kernels.reduce_buffers([cuda.to_device(h) for h in hosts], out,
+                           Reduction(dtype, 0.3, 1.0, ReduceOp.SUM), scratch)
     want = reference.reduce(hosts, dtype, ReduceOp.SUM, 0.3, 1.0)
     # a * 0.3 + b * 0.3 rounds once in the FMA, twice in the reference.
     np.testing.assert_allclose(reference.widen(out.copy_to_host(), dtype),

@@ -171,7 +171,7 @@ def test_hierarchical_averages_within_nodes_then_adasum_across(hier_group, dtype
     send = np.concatenate([storage(rank_tensor(RANK, n, s, dtype)) for n, s in
                            zip(counts, seeds)])
     recv = np.empty_like(send)
-    ops.allreduce(hier_group, send, recv, dtype, ReduceOp.ADASUM, counts=counts)
+    ops.allreduce(hier_group, send, recv, ops.Reduction(dtype, op=ReduceOp.ADASUM), counts=counts)
     topo = hier_group.topology
     want = np.concatenate(expected(counts, seeds, dtype, local_size=topo.local_size))
     got = torch.from_numpy(recv)
@@ -183,7 +183,7 @@ def test_hierarchical_averages_within_nodes_then_adasum_across(hier_group, dtype
 
 def test_hierarchical_in_place_with_scale_factors(hier_group):
     x = storage(rank_tensor(RANK, 99, seed=63)).copy()
-    ops.allreduce(hier_group, x, x, "float32", ReduceOp.ADASUM, 2.0, 0.25)
+    ops.allreduce(hier_group, x, x, ops.Reduction("float32", 2.0, 0.25, ReduceOp.ADASUM))
     want = expected([99], [63], pre=2.0, post=0.25,
                     local_size=hier_group.topology.local_size)[0]
     check(torch.from_numpy(x), want)

@@ -18,6 +18,7 @@ from mpitrain import topology
 from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import algorithms, reference, shm
 from mpitrain.ops.group import Group
+from mpitrain.ops.reduction import Overrides, Reduction
 
 # Four ranks run as 2x2 (every algorithm, intra- and inter-node); np3 covers an odd number
 # of ranks on one node, 3=2+1 uneven nodes.
@@ -86,8 +87,8 @@ def test_allreduce_matrix(group, algorithm, in_place):
                         continue  # the long case once per dtype is enough
                     send = values(RANK, n, dtype, op)
                     recv = send if in_place else np.full_like(send, 1)
-                    algorithms.allreduce(group, send, recv, dtype, op, pre, post,
-                                         algorithm=algorithm)
+                    algorithms.allreduce(group, send, recv, Reduction(dtype, pre, post, op),
+                                         overrides=Overrides(algorithm=algorithm))
                     want = reference.reduce([values(r, n, dtype, op) for r in range(SIZE)],
                                             dtype, op, pre, post)
                     what = f"{algorithm} {dtype} {op.name} n={n} pre={pre} post={post}"
@@ -107,7 +108,8 @@ def test_ring_carries_16_bit_values_bit_for_bit(group, dtype):
                     continue
                 send = values(RANK, n, dtype, op)
                 recv = np.empty_like(send)
-                algorithms.allreduce(group, send, recv, dtype, op, pre, post, algorithm="ring")
+                algorithms.allreduce(group, send, recv, Reduction(dtype, pre, post, op),
+                                     overrides=Overrides(algorithm="ring"))
                 want = ring.reference_16bit([values(r, n, dtype, op) for r in range(SIZE)],
                                             dtype, op, pre, post)
                 what = f"ring {dtype} {op.name} n={n} pre={pre} post={post}"
@@ -122,7 +124,8 @@ def test_ring_with_several_segments_per_chunk(group, dtype):
     n = 800_011 * SIZE
     send = values(RANK, n, dtype, ReduceOp.SUM)
     recv = np.empty_like(send)
-    algorithms.allreduce(group, send, recv, dtype, ReduceOp.SUM, 1.0, 0.5, algorithm="ring")
+    algorithms.allreduce(group, send, recv, Reduction(dtype, 1.0, 0.5, ReduceOp.SUM),
+                         overrides=Overrides(algorithm="ring"))
     inputs = [values(r, n, dtype, ReduceOp.SUM) for r in range(SIZE)]
     if dtype == "float16":
         want = ring.reference_16bit(inputs, dtype, ReduceOp.SUM, 1.0, 0.5)
@@ -149,11 +152,11 @@ def test_half_duplex_pair_gives_the_rings_bits(dtype):
                         continue
                     mine = values(RANK, n, dtype, op)
                     want = mine.copy()
-                    ring.allreduce(pair, want, want, dtype, op, 1.0, post, Scratch())
+                    ring.allreduce(pair, want, want, Reduction(dtype, 1.0, post, op), Scratch())
                     for first in (0, 1):
                         got = mine.copy()
-                        ring.allreduce_half_duplex(pair, got, dtype, op, post, Scratch(),
-                                                   sends_first=pair.Get_rank() == first)
+                        ring.allreduce_half_duplex(pair, got, Reduction(dtype, 1.0, post, op),
+                                                   Scratch(), sends_first=pair.Get_rank() == first)
                         what = f"{dtype} {op.name} n={n} post={post} first={first}"
                         np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8),
                                                       what)
@@ -166,16 +169,18 @@ def test_half_duplex_pair_gives_the_rings_bits(dtype):
                         got[lo:hi] = mine[lo:hi]
                         produced.append((lo, hi))
 
-                    ring.allreduce_half_duplex(pair, got, dtype, op, post, Scratch(),
-                                               sends_first=pair.Get_rank() == 0, produce=fill)
+                    ring.allreduce_half_duplex(pair, got, Reduction(dtype, 1.0, post, op),
+                                               Scratch(), sends_first=pair.Get_rank() == 0,
+                                               produce=fill)
                     assert (produced[-1][1] if produced else 0) == n
                     np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8),
                                                   f"{dtype} {op.name} n={n} produced")
     finally:
         pair.Free()
     with pytest.raises(ValueError, match="needs 2 ranks, not 1"):
-        ring.allreduce_half_duplex(MPI.COMM_SELF, np.ones(3, np.float32), "float32",
-                                   ReduceOp.SUM, 1.0, Scratch(), sends_first=True)
+        ring.allreduce_half_duplex(MPI.COMM_SELF, np.ones(3, np.float32),
+                                   Reduction("float32", 1.0, 1.0, ReduceOp.SUM), Scratch(),
+                                   sends_first=True)
 
 
 def test_16_bit_ring_reference_differs_from_exact_accumulation():
@@ -197,8 +202,8 @@ def test_channels_split_large_buckets(group, streams):
     for algorithm in ("shm", "ring", "hierarchical"):
         send = values(RANK, n, "float32", ReduceOp.SUM)
         recv = np.empty_like(send)
-        algorithms.allreduce(group, send, recv, "float32", ReduceOp.SUM, 1.0, 0.25,
-                             algorithm=algorithm, streams=streams)
+        algorithms.allreduce(group, send, recv, Reduction("float32", 1.0, 0.25, ReduceOp.SUM),
+                             overrides=Overrides(algorithm=algorithm, streams=streams))
         want = reference.reduce([values(r, n, "float32", ReduceOp.SUM) for r in range(SIZE)],
                                 "float32", ReduceOp.SUM, 1.0, 0.25)
         check(recv, want, "float32", f"{algorithm} streams={streams}")
@@ -244,9 +249,10 @@ def test_reducescatter(group, dtype, n):
         send = values(RANK, n, dtype, ReduceOp.SUM)
         recv = np.empty(counts[RANK], dtype=send.dtype)
         if node is None:
-            algorithms.reducescatter(group, send, recv, counts, dtype, ReduceOp.SUM, 2.0, 0.5)
+            algorithms.reducescatter(group, send, recv, counts,
+                                     Reduction(dtype, 2.0, 0.5, ReduceOp.SUM))
         else:
-            shm.reducescatter(node, send, recv, counts, dtype, ReduceOp.SUM, 2.0, 0.5)
+            shm.reducescatter(node, send, recv, counts, Reduction(dtype, 2.0, 0.5, ReduceOp.SUM))
         full = reference.reduce([values(r, n, dtype, ReduceOp.SUM) for r in range(SIZE)],
                                 dtype, ReduceOp.SUM, 2.0, 0.5)
         lo = sum(counts[:RANK])
@@ -265,7 +271,8 @@ def test_auto_calibrates_across_nodes_and_agrees(group):
     calls = calls_to_decide(3) + 2
     for i in range(calls):
         recv = np.empty_like(send)
-        algorithms.allreduce(group, send, recv, "float32", ReduceOp.SUM, algorithm="auto")
+        algorithms.allreduce(group, send, recv, Reduction("float32", op=ReduceOp.SUM),
+                             overrides=Overrides(algorithm="auto"))
         check(recv, want, "float32", f"auto allreduce {i}")
         assert same_everywhere(group, recv)
     calibration = group.memo("calibration", lambda: None)
@@ -294,12 +301,14 @@ def test_auto_calibrates_below_the_crossover_across_nodes(group):
     inputs = [values(r, n, "float16", ReduceOp.SUM) for r in range(SIZE)]
     for i in range(calls_to_decide(3) + 2):
         recv = np.empty_like(send)
-        algorithms.allreduce(group, send, recv, "float16", ReduceOp.SUM, algorithm="auto")
+        algorithms.allreduce(group, send, recv, Reduction("float16", op=ReduceOp.SUM),
+                             overrides=Overrides(algorithm="auto"))
         check(recv, reference.reduce(inputs, "float16", ReduceOp.SUM), "float16", f"call {i}")
         assert same_everywhere(group, recv)
     small32 = values(RANK, n, "float32", ReduceOp.SUM)
-    algorithms.allreduce(group, small32, np.empty_like(small32), "float32", ReduceOp.SUM,
-                         algorithm="auto")
+    algorithms.allreduce(group, small32, np.empty_like(small32),
+                         Reduction("float32", op=ReduceOp.SUM),
+                         overrides=Overrides(algorithm="auto"))
     calibration = group.memo("calibration", lambda: None)
     if group.topology.num_nodes == 1:
         assert calibration is None
@@ -333,8 +342,9 @@ def test_a_second_run_starts_from_the_cached_choices(tmp_path_factory, monkeypat
         g = Group(comms, topo, cfg)
         try:
             for _ in range(calls_to_decide(3) if run == 0 else 2):
-                algorithms.allreduce(g, send, np.empty_like(send), "float32", ReduceOp.SUM,
-                                     algorithm="auto")
+                algorithms.allreduce(g, send, np.empty_like(send),
+                                     Reduction("float32", op=ReduceOp.SUM),
+                                     overrides=Overrides(algorithm="auto"))
             calibration = g.memo("calibration", lambda: None)
             if topo.num_nodes == 1:
                 assert calibration is None
@@ -396,8 +406,8 @@ def test_without_cross_memory_attach_shm_stages_and_others_fall_back(staged_grou
                     send = values(RANK, n, dtype, op)
                     recv = np.empty_like(send)
                     pre, post = (1.0, 1.0) if dtype == "bool" else (2.0, 0.5)
-                    algorithms.allreduce(g, send, recv, dtype, op, pre, post,
-                                         algorithm=algorithm)
+                    algorithms.allreduce(g, send, recv, Reduction(dtype, pre, post, op),
+                                         overrides=Overrides(algorithm=algorithm))
                     want = reference.reduce([values(r, n, dtype, op) for r in range(SIZE)],
                                             dtype, op, pre, post)
                     what = f"staged {algorithm} {dtype} {op.name} n={n}"
@@ -427,9 +437,10 @@ def test_pipelined_hierarchical_equals_the_sum_on_every_rank(group, in_place, dt
             want = reference.reduce([values(r, n, dtype, ReduceOp.SUM) for r in range(SIZE)],
                                     dtype, ReduceOp.SUM)
             recv = send if in_place else np.empty_like(send)
-            hierarchical.allreduce(group.node(), group.comms.cross,
-                                   group.topology.is_homogeneous, group.workspace("cross"),
-                                   send, recv, dtype, ReduceOp.SUM, pipeline=chunks)
+            levels = hierarchical.Hierarchy(group.node(), group.comms.cross,
+                                            group.topology.is_homogeneous,
+                                            group.workspace("cross"), pipeline=chunks)
+            hierarchical.allreduce(levels, send, recv, Reduction(dtype, op=ReduceOp.SUM))
             check(recv, want, dtype, f"n={n} chunks={chunks}")
             assert same_everywhere(group, recv)
     finally:
@@ -449,10 +460,11 @@ def test_hierarchical_half_duplex_and_ring_across_agree_to_the_bit(group, dtype)
         results = []
         for half_duplex in (True, False):
             recv = np.empty_like(inputs[RANK])
-            hierarchical.allreduce(group.node(), group.comms.cross,
-                                   group.topology.is_homogeneous, group.workspace("cross"),
-                                   inputs[RANK], recv, dtype, ReduceOp.SUM, 1.0, 0.5,
-                                   half_duplex=half_duplex)
+            levels = hierarchical.Hierarchy(group.node(), group.comms.cross,
+                                            group.topology.is_homogeneous,
+                                            group.workspace("cross"), half_duplex=half_duplex)
+            hierarchical.allreduce(levels, inputs[RANK], recv,
+                                   Reduction(dtype, 1.0, 0.5, ReduceOp.SUM))
             check(recv, want, dtype, f"n={n} half_duplex={half_duplex}")
             assert same_everywhere(group, recv)
             results.append(recv)

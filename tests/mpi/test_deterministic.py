@@ -23,6 +23,7 @@ from mpitrain import topology
 from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import algorithms, fixed_point, reference
 from mpitrain.ops.group import Group
+from mpitrain.ops.reduction import Overrides, Reduction
 
 # Not np4: four ranks on one node add no order the others lack (np3 is uneven; 2x2 runs four
 # ranks across two nodes), and it cost CI 70 s.
@@ -91,11 +92,13 @@ def test_every_algorithm_and_channel_count_gives_the_designs_bits(groups, mode):
                 # Channels cut only buckets of two parts of 1 MiB or more: the 4 MiB one.
                 for streams in (1, 3) if n * inputs[0].itemsize >= 2 << 20 else (1,):
                     out = np.full_like(inputs[RANK], 7)
-                    algorithms.allreduce(group, inputs[RANK], out, dtype, ReduceOp.SUM, pre, post,
-                                         algorithm, streams)
+                    algorithms.allreduce(group, inputs[RANK], out,
+                                         Reduction(dtype, pre, post, ReduceOp.SUM),
+                                         overrides=Overrides(algorithm, streams))
                     assert bits(out) == want, (mode, dtype, n, algorithm, streams)
             in_place = inputs[RANK].copy()
-            algorithms.allreduce(group, in_place, in_place, dtype, ReduceOp.SUM, pre, post)
+            algorithms.allreduce(group, in_place, in_place,
+                                 Reduction(dtype, pre, post, ReduceOp.SUM))
             assert bits(in_place) == want, (mode, dtype, n, "in place")
 
 
@@ -109,8 +112,8 @@ def test_reducescatter_gives_each_rank_its_block_of_the_same_bits(groups, mode):
             inputs = [values(r, n, dtype, salt=1) for r in range(SIZE)]
             want = expected(mode, inputs, dtype, 1.0, 0.5)[lo:lo + counts[RANK]]
             out = np.empty(counts[RANK], STORAGE[dtype])
-            algorithms.reducescatter(group, inputs[RANK], out, counts, dtype, ReduceOp.SUM,
-                                     1.0, 0.5)
+            algorithms.reducescatter(group, inputs[RANK], out, counts,
+                                     Reduction(dtype, 1.0, 0.5, ReduceOp.SUM))
             assert bits(out) == bits(want), (mode, dtype, n)
 
 
@@ -131,7 +134,8 @@ def test_min_max_and_product_fold_in_rank_order_whatever_the_algorithm(groups, m
             want = bits(reference.reduce(inputs, dtype, op, pre, post))
             for algorithm in IGNORED:
                 out = np.empty_like(inputs[RANK])
-                algorithms.allreduce(group, inputs[RANK], out, dtype, op, pre, post, algorithm)
+                algorithms.allreduce(group, inputs[RANK], out, Reduction(dtype, pre, post, op),
+                                     overrides=Overrides(algorithm))
                 assert bits(out) == want, (mode, dtype, op.name, algorithm)
 
 
@@ -149,12 +153,12 @@ def test_special_values_and_signed_zeros(groups):
     inputs = WORLD.allgather(x)
     for mode, group in groups.items():
         out = np.empty_like(x)
-        algorithms.allreduce(group, x, out, "float32", ReduceOp.SUM)
+        algorithms.allreduce(group, x, out, Reduction("float32", op=ReduceOp.SUM))
         assert bits(out) == bits(expected(mode, inputs, "float32", 1.0, 1.0)), mode
         assert np.isposinf(out[0]) and np.isnan(out[1]) and np.isnan(out[2]), (mode, out)
         assert np.isnan(out[3]) and (np.isposinf(out[4]) or SIZE == 2), (mode, out)
     fixed = np.empty_like(x)
-    algorithms.allreduce(groups["fixed-point"], x, fixed, "float32", ReduceOp.SUM)
+    algorithms.allreduce(groups["fixed-point"], x, fixed, Reduction("float32", op=ReduceOp.SUM))
     assert bits(fixed[5:]) == bits(np.float32([0.0]))
 
 

@@ -44,6 +44,7 @@ from mpitrain.ops.cuda.allreduce import DeviceGroup  # noqa: E402
 from mpitrain.ops.cuda.buffers import DeviceBuffers  # noqa: E402
 from mpitrain.ops.cuda.pack import Packer  # noqa: E402
 from mpitrain.ops.cuda.transport import Transport  # noqa: E402
+from mpitrain.ops.reduction import Reduction  # noqa: E402
 
 MPI_CONFIGS = ("np1", "np2", "2x2")
 RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
@@ -87,8 +88,8 @@ def _call(dg, tensors, dtype, postscale):
     ready = cupy.cuda.Event()
     ready.record(framework)
     fake_cuda.reset_ledger()
-    dg.allreduce(tensors, tensors, np.dtype(dtype).name, ReduceOp.SUM, 1.0, postscale, [ready],
-                 [framework])
+    dg.allreduce(tensors, tensors, Reduction(np.dtype(dtype).name, 1.0, postscale, ReduceOp.SUM),
+                 [ready], [framework])
     return fake_cuda.ledger()
 
 
@@ -217,7 +218,8 @@ def test_the_engine_door_waits_once_per_framework_stream_not_per_request(hvd, fr
             for _ in range(2):  # the second call is the steady state
                 requests = _requests(tensors, pointers)
                 fake_cuda.reset_ledger()
-                layer.allreduce(tensors, tensors, requests, "float32", ReduceOp.SUM, 1.0, 0.5)
+                layer.allreduce(tensors, tensors, requests,
+                                Reduction("float32", 1.0, 0.5, ReduceOp.SUM))
             got = fake_cuda.ledger()
             dg = layer._device_group
             want = budget(dg, tensors, postscale=0.5)
@@ -256,7 +258,8 @@ def test_negative_control_one_wait_per_request_breaks_the_budget(hvd, monkeypatc
         for _ in range(2):
             requests = _requests(tensors, [0])
             fake_cuda.reset_ledger()
-            layer.allreduce(tensors, tensors, requests, "float32", ReduceOp.SUM, 1.0, 0.5)
+            layer.allreduce(tensors, tensors, requests,
+                            Reduction("float32", 1.0, 0.5, ReduceOp.SUM))
         got = fake_cuda.ledger()
         bad = violations(got, budget(layer._device_group, tensors, postscale=0.5))
         assert bad["wait"][0] >= 24, bad

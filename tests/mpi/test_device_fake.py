@@ -29,6 +29,7 @@ from mpitrain.ops import reference  # noqa: E402
 from mpitrain.ops.cuda import ipc, kernels, launch, streams  # noqa: E402
 from mpitrain.ops.cuda.allreduce import DeviceGroup  # noqa: E402
 from mpitrain.ops.cuda.transport import Transport  # noqa: E402
+from mpitrain.ops.reduction import Reduction  # noqa: E402
 
 MPI_CONFIGS = ("np1", "np2", "2x2")
 WORLD = MPI.COMM_WORLD
@@ -119,7 +120,8 @@ def test_forced_transports_with_two_channels(hvd, force, dtype):
         x = cupy.asarray(_host(RANK, n, dtype, seed=3))
         stream = cupy.cuda.get_current_stream()
         pre, post = (0.5, 4.0) if dtype == np.float16 else (1.0, 1.0)
-        dg.allreduce([x], [x], np.dtype(dtype).name, ReduceOp.SUM, pre, post, [], [stream])
+        dg.allreduce([x], [x], Reduction(np.dtype(dtype).name, pre, post, ReduceOp.SUM), [],
+                     [stream])
         _close(x, _want(n, dtype, ReduceOp.SUM, pre, post, seed=3))
     finally:
         dg.close()
@@ -131,7 +133,7 @@ def test_ipc_with_two_channels_and_growing_windows(hvd):
         stream = cupy.cuda.get_current_stream()
         for n in (100, 1500):  # the second outgrows the first (1 KiB) window
             xs = [cupy.asarray(_host(RANK, n // 3 + i, np.float32, seed=i)) for i in range(3)]
-            dg.allreduce(xs, xs, "float32", ReduceOp.SUM, 1.0, 1.0, [], [stream])
+            dg.allreduce(xs, xs, Reduction("float32", op=ReduceOp.SUM), [], [stream])
             for i, x in enumerate(xs):
                 _close(x, _want(n // 3 + i, np.float32, ReduceOp.SUM, 1.0, 1.0, seed=i))
         if dg.window is not None:
@@ -173,7 +175,7 @@ def test_prepared_launches_give_numba_dispatchs_bits(hvd, force, dtype, op, pre,
         try:
             xs = [cupy.asarray(_logical(RANK, n, dtype, seed=i)) for i, n in enumerate(sizes)]
             stream = cupy.cuda.get_current_stream()
-            dg.allreduce(xs, xs, dtype, op, pre, post, [], [stream])
+            dg.allreduce(xs, xs, Reduction(dtype, pre, post, op), [], [stream])
             results[kind] = [np.asarray(x).copy() for x in xs]
         finally:
             dg.close()
@@ -262,8 +264,9 @@ def test_deterministic_device_sums_give_the_cpu_bits(hvd, mode, dtype, force, st
         xs = [cupy.asarray(x) for x in inputs[RANK]]
         outs = [cupy.asarray(np.zeros_like(x)) for x in inputs[RANK]]
         stream = cupy.cuda.get_current_stream()
-        dg.allreduce(xs, outs, dtype, ReduceOp.SUM, pre, post, [], [stream])  # packed
-        dg.allreduce(xs[2:], xs[2:], dtype, ReduceOp.SUM, pre, post, [], [stream])  # in place
+        how = Reduction(dtype, pre, post, ReduceOp.SUM)
+        dg.allreduce(xs, outs, how, [], [stream])  # packed
+        dg.allreduce(xs[2:], xs[2:], how, [], [stream])  # in place
         stream.synchronize()
     finally:
         dg.close()
@@ -281,7 +284,7 @@ def test_deterministic_device_min_max_product_fold_in_rank_order(hvd, mode):
                       for r in range(SIZE)]
             xs = [cupy.asarray(x) for x in inputs[RANK]]
             stream = cupy.cuda.get_current_stream()
-            dg.allreduce(xs, xs, "float32", op, 0.5, 3.0, [], [stream])
+            dg.allreduce(xs, xs, Reduction("float32", 0.5, 3.0, op), [], [stream])
             stream.synchronize()
             for i, x in enumerate(xs):
                 want = reference.reduce([inputs[r][i] for r in range(SIZE)], "float32", op,

@@ -40,11 +40,11 @@ class StandInDevice:
         self.calls = []
         self.staged_entries = 0
 
-    def allreduce(self, inputs, outputs, requests, dtype, op, prescale, postscale):
-        self.calls.append((len(inputs), [r.name for r in requests], dtype, op))
-        fused = np.concatenate([x.reshape(-1) for x in inputs]) * prescale
+    def allreduce(self, inputs, outputs, requests, how):
+        self.calls.append((len(inputs), [r.name for r in requests], how.dtype, how.op))
+        fused = np.concatenate([x.reshape(-1) for x in inputs]) * how.prescale
         self.group.comm.Allreduce(MPI.IN_PLACE, fused)
-        fused *= postscale
+        fused *= how.postscale
         offset = 0
         for out in outputs:
             out[...] = fused[offset:offset + out.size].reshape(out.shape)

@@ -6,6 +6,7 @@ import pytest
 from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.kernels import cpu
+from mpitrain.ops.reduction import Reduction
 
 OPS = [ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT]
 
@@ -31,7 +32,7 @@ def run(dtype, srcs, op, pre, post, out=None):
     out = np.empty(n, dtype=STORAGE[dtype]) if out is None else out
     acc = np.empty(n, dtype=cpu.acc_dtype(dtype))
     tmp = np.empty(n, dtype=np.float32)
-    cpu.reduce_chunks(out, srcs, dtype, op, pre, post, acc, tmp)
+    cpu.reduce_chunks(out, srcs, Reduction(dtype, pre, post, op), acc, tmp)
     return out
 
 
@@ -83,5 +84,5 @@ def test_output_may_alias_a_source():
 def test_half_precision_needs_a_float32_scratch():
     a = np.ones(4, dtype=np.float16)
     with pytest.raises(ValueError, match="float16"):
-        cpu.reduce_chunks(a, [a, a], "float16", ReduceOp.SUM, 1.0, 1.0,
+        cpu.reduce_chunks(a, [a, a], Reduction("float16", 1.0, 1.0, ReduceOp.SUM),
                           np.empty(4, np.float32))

@@ -9,6 +9,7 @@ import pytest
 from mpitrain.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.cuda import ipc
+from mpitrain.ops.reduction import Reduction
 
 
 class Registry:
@@ -80,9 +81,9 @@ class ThreadComm:
 
 
 class NumpyOps:
-    def reduce(self, inputs, out, dtype, op, prescale, postscale):
-        out[...] = reference.reduce([np.array(x) for x in inputs], dtype, op, prescale,
-                                    postscale)
+    def reduce(self, inputs, out, how):
+        out[...] = reference.reduce([np.array(x) for x in inputs], how.dtype, how.op,
+                                    how.prescale, how.postscale)
 
     def copy(self, dst, src):
         dst[...] = src
@@ -135,8 +136,8 @@ def test_allreduce_equals_the_reference_on_every_rank(size, dtype):
         mine = window.views(dtype, 0, count)[rank]
         mine[...] = _data(rank, count, dtype)  # the pack into the window
         out = np.empty(count, STORAGE[dtype])
-        ipc.allreduce(window, NumpyOps(), dtype, op, 0, count, pre, post,
-                      lambda a, b: out[a:b], align=4)
+        ipc.allreduce(window, NumpyOps(), Reduction(dtype, pre, post, op),
+                      ipc.Part(0, count, align=4), lambda a, b: out[a:b])
         window.close()
         return out
 
@@ -197,8 +198,8 @@ def test_hierarchical_runs_the_cross_step_on_the_owned_slice_only():
             part *= 11
 
         out = np.empty(count, np.float32)
-        ipc.allreduce(window, NumpyOps(), "float32", ReduceOp.SUM, 0, count, 1.0, 0.5,
-                      lambda a, b: out[a:b], cross=cross)
+        ipc.allreduce(window, NumpyOps(), Reduction("float32", 1.0, 0.5, ReduceOp.SUM),
+                      ipc.Part(0, count), lambda a, b: out[a:b], cross=cross)
         window.close()
         return out
 

@@ -17,6 +17,7 @@ import pytest
 
 from mpitrain.dtypes import FLOATING, STORAGE, ReduceOp
 from mpitrain.ops.cuda import kernel_steps, kernels, ptx
+from mpitrain.ops.reduction import Reduction
 from support import ROOT
 
 SUITE_TIMEOUT = 540
@@ -49,8 +50,8 @@ def test_the_kernel_list_is_exactly_what_reduce_and_cast_launch(monkeypatch):
         for op in (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT):
             for count in range(1, 6):
                 inputs = [np.zeros(n, storage) for _ in range(count)]
-                kernels.reduce_buffers(inputs, np.zeros(n, storage), dtype, op, 0.5, 2.0,
-                                       np.zeros(n, acc))
+                kernels.reduce_buffers(inputs, np.zeros(n, storage),
+                                       Reduction(dtype, 0.5, 2.0, op), np.zeros(n, acc))
     for src in FLOATING:
         for dst in FLOATING:
             kernels.cast(np.zeros(n, STORAGE[src]), np.zeros(n, STORAGE[dst]), src, dst, 0.5)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from fake_cuda import FakeDevice
 
-from mpitrain.ops.cuda.streams import Channels, split
+from mpitrain.ops.cuda.streams import Channels, Slicing, split
 
 
 class FakeComm:
@@ -73,7 +73,7 @@ def _train_step(device, channels_count):
         device.launch(ch.stream, f"h2d {start}", lambda: grad.__setitem__(
             slice(start, stop), host))
 
-    channels.run(device.framework, ready, grad.size, work, align=8, min_chunk=100)
+    channels.run(device.framework, ready, grad.size, work, Slicing(align=8, min_chunk=100))
     device.launch(device.framework, "step", lambda: seen.setdefault("grad", grad.copy()))
     device.drain()
     channels.close()

@@ -125,9 +125,11 @@ def test_staged_allreduce_on_a_fake_device(count):
         reduced.append(host.size)
         host *= 3  # stands for the sum over 3 equal ranks
 
-    transport.staged_allreduce(device, stream, buf, hosts, count, 4, copy, reduce_host)
+    transport.staged_allreduce(device, stream, buf, count,
+                               transport.Staging(hosts, 4, copy, reduce_host))
     device.drain()
     np.testing.assert_array_equal(buf, (np.arange(count) + 1) * 3.0)
     assert sum(reduced) == count and all(n <= 4 for n in reduced)
     with pytest.raises(ValueError, match="two host buffers"):
-        transport.staged_allreduce(device, stream, buf, hosts[:1], count, 4, copy, reduce_host)
+        transport.staged_allreduce(device, stream, buf, count,
+                                   transport.Staging(hosts[:1], 4, copy, reduce_host))

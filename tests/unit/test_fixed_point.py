@@ -13,7 +13,7 @@ import pytest
 
 from mpitrain.dtypes import STORAGE
 from mpitrain.ops import fixed_point, ordered, reference
-from mpitrain.ops.reduction import Reduction
+from mpitrain.ops.reduction import Reduction, check_floating
 from mpitrain.ops.scratch import Scratch
 
 FLOATS = ("float32", "float64", "float16", "bfloat16")
@@ -133,9 +133,9 @@ def test_the_world_limit_and_bad_types_name_themselves():
     with pytest.raises(ValueError, match="16384"):
         fixed_point.check_world(fixed_point.MAX_RANKS + 1)
     with pytest.raises(TypeError, match="'int32'"):
-        Reduction("int32")
+        check_floating(Reduction("int32"))
     with pytest.raises(ValueError, match="ADASUM"):
-        Reduction("float32", op=reference.ReduceOp.ADASUM)
+        check_floating(Reduction("float32", op=reference.ReduceOp.ADASUM))
     how = Reduction("float32", op=reference.ReduceOp.MAX)
     with pytest.raises(ValueError, match="MAX"):
         fixed_point.allreduce(np.ones(3, np.float32), np.ones(3, np.float32), how, None)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from mpitrain.ops.kernels import cpu
+from mpitrain.ops.reduction import Reduction
 
 ALL_HALVES = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
 
@@ -74,6 +75,6 @@ def test_float16_reduction_matches_the_widened_sum():
     sources = [rng.standard_normal(n).astype(np.float16) for _ in range(3)]
     out = np.empty(n, np.float16)
     acc, tmp = np.empty(n, np.float32), np.empty(n, np.float32)
-    cpu.reduce_chunks(out, sources, "float16", cpu.ReduceOp.SUM, 1.0, 0.25, acc, tmp)
+    cpu.reduce_chunks(out, sources, Reduction("float16", 1.0, 0.25, cpu.ReduceOp.SUM), acc, tmp)
     total = sum(s.astype(np.float32) for s in sources) * np.float32(0.25)
     np.testing.assert_array_equal(out.view(np.uint16), total.astype(np.float16).view(np.uint16))

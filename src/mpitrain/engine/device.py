@@ -23,6 +23,7 @@ from ..dtypes import STORAGE, ReduceOp
 from ..ops import allreduce as host_allreduce
 from ..ops.cuda import available, require
 from ..ops.group import Group
+from ..ops.reduction import Reduction
 from .request import RequestMeta
 
 CPU = "cpu"
@@ -146,11 +147,10 @@ class DeviceLayer:
         return self._device_group
 
     def allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any],
-                  requests: Sequence[Any], dtype: str, op: ReduceOp, prescale: float,
-                  postscale: float) -> None:
+                  requests: Sequence[Any], how: Reduction) -> None:
         """Allreduce a bucket of flat device arrays, ordered after its requests' events."""
-        if op == ReduceOp.ADASUM:
-            self._adasum_staged(inputs, outputs, requests, dtype, prescale, postscale)
+        if how.op == ReduceOp.ADASUM:
+            self._adasum_staged(inputs, outputs, requests, how)
             return
         marks = latest_marks(requests)
         ready = [mark.event for mark in marks]
@@ -163,20 +163,18 @@ class DeviceLayer:
             kind = dg.cupy.ndarray
             dg.allreduce([x if type(x) is kind else to_device(x) for x in inputs],
                          [x if type(x) is kind else to_device(x) for x in outputs],
-                         dtype, op, prescale, postscale, ready, streams)
+                         how, ready, streams)
 
     def _adasum_staged(self, inputs: Sequence[Any], outputs: Sequence[Any],
-                       requests: Sequence[Any], dtype: str, prescale: float,
-                       postscale: float) -> None:
+                       requests: Sequence[Any], how: Reduction) -> None:
         """Adasum of device arrays on host copies (no device kernels for it, as in Horovod
         built without NCCL): packed on the host, reduced by the CPU data plane, copied back."""
         for mark in latest_marks(requests):
             mark.event.synchronize()  # the producer's writes, before the download
         hosts = [to_host(x).reshape(-1) for x in inputs]
         counts = [h.size for h in hosts]
-        fused = np.concatenate(hosts) if hosts else np.empty(0, dtype=STORAGE[dtype])
-        host_allreduce(self.group, fused, fused, dtype, ReduceOp.ADASUM, prescale, postscale,
-                       counts=counts)
+        fused = np.concatenate(hosts) if hosts else np.empty(0, dtype=STORAGE[how.dtype])
+        host_allreduce(self.group, fused, fused, how, counts=counts)
         offset = 0
         for out, n in zip(outputs, counts):
             to_device(out).set(fused[offset:offset + n].reshape(out.shape))

@@ -80,8 +80,7 @@ class Executor:
         self.fusion_threshold = fusion_threshold
         # Autotune's choices (None: the configuration's); set by the engine at the same cycle
         # on every rank, so every rank still runs the same collectives.
-        self.algorithm: str | None = None
-        self.streams: int | None = None
+        self.overrides = ops.Overrides()
         self.collectives = 0  # data-plane calls issued, for tests and the overhead benchmark
         self.fused_tensors = 0
         self.zero_copy_buckets = 0  # fused buckets reduced in place without packing
@@ -131,14 +130,14 @@ class Executor:
         dtype = bucket[0].dtype
         meta = bucket[0].response.meta
         op, post = average_as_sum(ReduceOp(meta.reduce_op), meta.postscale, self.group.size)
-        pre = meta.prescale
+        how = ops.Reduction(dtype, meta.prescale, post, op)
         started = time.monotonic()
         self._queued(bucket, started)
         if is_cuda(meta):
             # Packed, reduced and unpacked on the device, ordered by CUDA events.
             requests = list({id(p.response): p.response.request for p in bucket}.values())
             self.device.allreduce([p.input for p in bucket], [p.output for p in bucket],
-                                  requests, dtype, op, pre, post)
+                                  requests, how)
             self.collectives += 1
             self.fused_tensors += len(bucket) if len(bucket) > 1 else 0
             self._span(bucket, "ALLREDUCE", started, time.monotonic(),
@@ -151,8 +150,7 @@ class Executor:
             # One tensor, or in-place pieces lying back to back in one buffer (gradients laid
             # out as views of a flat bucket): reduce where they are, no packing.
             out = bucket[0].output if len(bucket) == 1 else span
-            ops.allreduce(self.group, span, out, dtype, op, pre, post, self.algorithm,
-                          self.streams, counts)
+            ops.allreduce(self.group, span, out, how, counts, self.overrides)
             self._span(bucket, "ALLREDUCE", started, time.monotonic(),
                        {"bucket_bytes": int(span.nbytes), "tensors": len(bucket),
                         "packed": False})
@@ -168,8 +166,7 @@ class Executor:
             fused[offset:offset + n] = p.input
             offset += n
         packed = time.monotonic()
-        ops.allreduce(self.group, fused, fused, dtype, op, pre, post, self.algorithm,
-                      self.streams, counts)
+        ops.allreduce(self.group, fused, fused, how, counts, self.overrides)
         reduced = time.monotonic()
         offset = 0
         for p in bucket:
@@ -295,7 +292,8 @@ class Executor:
         out = self._allocate(entry, (rows[self.group.rank], *row_shape))
         op, post = average_as_sum(request.op, request.postscale, size)
         ops.reducescatter(self.group, _flat(entry.input), _flat(out),
-                          [r * row_elems for r in rows], entry.dtype, op, request.prescale, post)
+                          [r * row_elems for r in rows],
+                          ops.Reduction(entry.dtype, request.prescale, post, op))
 
     # ---------------------------------------------------------------------- timeline
     def _queued(self, bucket: list[Piece], started: float) -> None:

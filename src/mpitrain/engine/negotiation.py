@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from ..config import Config
 from ..errors import ranks_text
 from .cache import ResponseCache
 from .mpi_wait import wait_for
@@ -91,23 +92,22 @@ class RoundResult:
 class Negotiator:
     """The negotiation state of one process set on this rank (used by the engine thread only)."""
 
-    def __init__(self, comm: Any, world_ranks: list[int], cache_capacity: int,
-                 stall_warn_s: float, stall_shutdown_s: float, stall_disabled: bool,
-                 deadlock_s: float = 0.0, extra_words: int = 0) -> None:
+    def __init__(self, comm: Any, world_ranks: list[int], config: Config,
+                 extra_words: int = 0) -> None:
+        """``config`` gives the response cache's capacity and the stall limits."""
         self.comm = comm
         self.extra_words = extra_words
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
         self.world_ranks = world_ranks
-        self.cache = ResponseCache(cache_capacity)
+        self.cache = ResponseCache(config.cache_capacity)
         self.pending: dict[str, Request] = {}
         self.unannounced: list[Request] = []
         self.hits: dict[int, Request] = {}  # cache bit -> pending repeat
         self.stale: set[int] = set()
         self.table: dict[str, dict[int, RequestMeta]] = {}
         self.joined: list[int] = []  # ranks of the set, in the order they joined
-        self.stalls = StallInspector(self.rank, stall_warn_s, stall_shutdown_s, stall_disabled,
-                                     deadlock_s)
+        self.stalls = StallInspector.for_config(self.rank, config)
         self.rounds = 0
         self.announcement_rounds = 0
 

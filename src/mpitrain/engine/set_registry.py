@@ -23,7 +23,7 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .. import topology
+from .. import ops, topology
 from ..config import Config
 from .autotune import Setting
 from .mpi_wait import wait_for
@@ -59,8 +59,11 @@ class SetRegistry:
 
         ``setting``: autotune's current setting, applied to a set added after a tuned change.
         """
-        state = SetState.open(set_id, world_ranks, comms, topo, self._config, self._timeline,
-                              extra_words)
+        group = None
+        if comms is not None:
+            assert topo is not None
+            group = ops.Group(comms, topo, self._config)
+        state = SetState.open(set_id, world_ranks, group, self._timeline, extra_words)
         if state.executor is not None and setting is not None:
             state.apply(setting)
         with self._lock:

@@ -13,8 +13,7 @@ import contextlib
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import ops, topology
-from ..config import Config
+from .. import ops
 from .autotune import Setting
 from .executor import Executor
 from .negotiation import Negotiator
@@ -35,23 +34,20 @@ class SetState:
     name_counters: dict[Kind, int] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, set_id: int, world_ranks: list[int], comms: topology.Communicators | None,
-             topo: topology.Topology | None, config: Config, timeline: Timeline,
-             extra_words: int = 0) -> SetState:
-        """The state of set ``set_id``; ``comms`` is None where this rank is not a member.
+    def open(cls, set_id: int, world_ranks: list[int], group: ops.Group | None,
+             timeline: Timeline, extra_words: int = 0) -> SetState:
+        """The state of set ``set_id`` over ``group`` (its communicators, topology and
+        configuration), None where this rank is not a member.
 
         Collective over the set's members (the negotiator duplicates its communicator).
         ``extra_words``: words every header of this set carries for the engine (autotune).
         """
-        state = cls(set_id, world_ranks, comms is not None)
-        if comms is not None:
-            assert topo is not None
-            state.group = ops.Group(comms, topo, config)
-            state.negotiator = Negotiator(
-                comms.world.Dup(), world_ranks, config.cache_capacity,
-                config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
-                config.stall_check_disable, config.deadlock_time_seconds, extra_words)
-            state.executor = Executor(state.group, timeline, config.fusion_threshold)
+        state = cls(set_id, world_ranks, group is not None)
+        if group is not None:
+            state.group = group
+            state.negotiator = Negotiator(group.comms.world.Dup(), world_ranks, group.config,
+                                          extra_words)
+            state.executor = Executor(group, timeline, group.config.fusion_threshold)
         return state
 
     @property
@@ -70,8 +66,7 @@ class SetState:
         """Run this set's executor with autotune's ``setting`` (nothing where not a member)."""
         if self.executor is not None:
             self.executor.fusion_threshold = setting.fusion_threshold
-            self.executor.algorithm = setting.algorithm
-            self.executor.streams = setting.channels
+            self.executor.overrides = ops.Overrides(setting.algorithm, setting.channels)
 
     def close(self) -> None:
         if self.executor is not None:

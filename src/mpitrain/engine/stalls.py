@@ -15,6 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from ..config import Config
 from .request import Kind, Request
 
 
@@ -66,6 +67,12 @@ class StallInspector:
         self.disabled = disabled or warn_s <= 0
         self.deadlock_s = deadlock_s
         self.last_check = time.monotonic()
+
+    @classmethod
+    def for_config(cls, rank: int, config: Config) -> StallInspector:
+        """The inspector with the configured limits (``MPITRAIN_STALL_*``, deadlock time)."""
+        return cls(rank, config.stall_check_time_seconds, config.stall_shutdown_time_seconds,
+                   config.stall_check_disable, config.deadlock_time_seconds)
 
     @property
     def slow_round_after(self) -> float:

@@ -5,8 +5,9 @@ The engine calls only the functions exported here.  Algorithm choice lives in
 :mod:`.shm` (single-copy shared memory within a node, over :mod:`.cma`), :mod:`.ring`,
 :mod:`.hierarchical`, :mod:`.adasum`; :mod:`.ordered` and :mod:`.fixed_point`, the designs of
 ``MPITRAIN_DETERMINISTIC`` (routed by :mod:`.deterministic`); :mod:`.channels` splits large
-buckets across parallel communicators; :mod:`.kernels.cpu` holds the numba reductions,
-:mod:`.kernels.adasum` Adasum's.
+buckets across parallel communicators; :mod:`.reduction` describes one reduction
+(:class:`Reduction`, handed down every floor) and a call's :class:`Overrides`;
+:mod:`.kernels.cpu` holds the numba reductions, :mod:`.kernels.adasum` Adasum's.
 """
 
 from ..dtypes import FLOATING, INTEGER, STORAGE, ReduceOp, check_reduce_supported, itemsize
@@ -22,6 +23,7 @@ from .algorithms import (
     reducescatter,
 )
 from .group import Group
+from .reduction import Overrides, Reduction
 
 __all__ = [
     "AdasumLayoutError",
@@ -29,7 +31,9 @@ __all__ = [
     "INTEGER",
     "STORAGE",
     "Group",
+    "Overrides",
     "ReduceOp",
+    "Reduction",
     "allgather",
     "allgather_int",
     "allreduce",

@@ -44,6 +44,7 @@ from ..dtypes import FLOATING, STORAGE
 from .group import Group
 from .kernels import adasum as kernels
 from .kernels import cpu
+from .reduction import Reduction
 from .slices import balanced
 
 __all__ = ["AdasumLayoutError", "Transport", "allreduce", "check_layout", "reducescatter",
@@ -168,16 +169,15 @@ def _hierarchical(group: Group, w: np.ndarray, tmp: np.ndarray, offsets: np.ndar
 
 
 def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
-              dtype: str, prescale: float = 1.0, postscale: float = 1.0,
-              hierarchical: bool | None = None) -> None:
+              how: Reduction, hierarchical: bool | None = None) -> None:
     """Adasum-reduce ``send`` (tensors of ``counts`` elements back to back) into ``recv``.
 
     Args:
         group: the ranks (a power of two of them, or of nodes when hierarchical).
-        send, recv: flat storage arrays of ``dtype``; ``recv`` may be ``send``.
+        send, recv: flat storage arrays of ``how.dtype``; ``recv`` may be ``send``.
         counts: elements of each tensor in the buffer, in order (summing to its size).
-        dtype: float16, bfloat16, float32 or float64.
-        prescale, postscale: multiply the inputs before, the result after.
+        how: ``dtype`` float16, bfloat16, float32 or float64; ``prescale`` and ``postscale``
+            multiply the inputs before, the result after; its ``op`` is not read (Adasum).
         hierarchical: average within nodes, Adasum across (default: the configuration's
             ``adasum_hierarchical``).
 
@@ -185,6 +185,7 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence
         TypeError: ``dtype`` is not floating point.
         AdasumLayoutError: the group's layout does not allow Adasum (see :func:`check_layout`).
     """
+    dtype, prescale, postscale = how.dtype, how.prescale, how.postscale
     if dtype not in FLOATING:
         raise TypeError(f"op=Adasum needs floating-point tensors, got {dtype}")
     hier = group.config.adasum_hierarchical if hierarchical is None else hierarchical
@@ -217,13 +218,13 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence
 
 
 def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
-                  dtype: str, prescale: float = 1.0, postscale: float = 1.0) -> None:
+                  how: Reduction) -> None:
     """Adasum-reduce ``send`` as one tensor; keep this rank's block (``counts[rank]`` long).
 
     Horovod 0.28.1 refuses ``reducescatter(op=Adasum)``; mpitrain defines it as the block of
     the Adasum allreduce, so its dot products span the whole tensor, not just the block.
     """
-    full = group.scratch("adasum.reducescatter", send.nbytes).view(STORAGE[dtype])
-    allreduce(group, send, full, [send.size], dtype, prescale, postscale)
+    full = group.scratch("adasum.reducescatter", send.nbytes).view(STORAGE[how.dtype])
+    allreduce(group, send, full, [send.size], how)
     start = sum(counts[:group.rank])
     recv[...] = full[start:start + counts[group.rank]]

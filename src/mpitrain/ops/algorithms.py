@@ -46,7 +46,7 @@ from .calibration import Calibration
 from .group import Group
 from .kernels import cpu
 from .mpi import allgather_int, alltoall, alltoall_int, barrier
-from .reduction import Reduction
+from .reduction import Overrides, Reduction
 
 # Measured crossover (benchmarks/allreduce.py, five runs on the 2-core machine, shared with
 # other jobs, see README): the size from which shm/hierarchical beat MPI's Allreduce at every
@@ -75,10 +75,12 @@ __all__ = [
     "reducescatter",
 ]
 
+_NO_OVERRIDES = Overrides()
 
-# An algorithm's body: (group or one of its channels, send, recv, dtype, op, prescale,
-# postscale), reducing ``send`` into ``recv`` over that group.
-AllreduceRun = Callable[[Group, np.ndarray, np.ndarray, str, ReduceOp, float, float], None]
+
+# An algorithm's body: (group or one of its channels, send, recv, how), reducing ``send``
+# into ``recv`` over that group.
+AllreduceRun = Callable[[Group, np.ndarray, np.ndarray, Reduction], None]
 
 
 @dataclass(frozen=True)
@@ -94,26 +96,24 @@ class AllreduceAlgorithm:
     channelled: bool = True  # split across parallel channels (MPI's own runs whole)
 
 
-def _mpi_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-                   prescale: float, postscale: float) -> None:
-    mpi.allreduce(g, send, recv, dtype, op, prescale, postscale)
+def _mpi_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
+    mpi.allreduce(g, send, recv, how)
 
 
-def _ring_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-                    prescale: float, postscale: float) -> None:
-    ring.allreduce(g.comm, send, recv, dtype, op, prescale, postscale, g.workspace())
+def _ring_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
+    ring.allreduce(g.comm, send, recv, how, g.workspace())
 
 
-def _shm_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-                   prescale: float, postscale: float) -> None:
-    shm.allreduce(g.node(), send, recv, dtype, op, prescale, postscale)
+def _shm_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
+    shm.allreduce(g.node(), send, recv, how)
 
 
-def _hierarchical_allreduce(g: Group, send: np.ndarray, recv: np.ndarray, dtype: str,
-                            op: ReduceOp, prescale: float, postscale: float) -> None:
-    hierarchical.allreduce(g.node(), g.comms.cross, g.topology.is_homogeneous,
-                           g.workspace("cross"), send, recv, dtype, op, prescale, postscale,
-                           g.config.hierarchical_pipeline, g.config.hierarchical_half_duplex)
+def _hierarchical_allreduce(g: Group, send: np.ndarray, recv: np.ndarray,
+                            how: Reduction) -> None:
+    levels = hierarchical.Hierarchy(g.node(), g.comms.cross, g.topology.is_homogeneous,
+                                    g.workspace("cross"), g.config.hierarchical_pipeline,
+                                    g.config.hierarchical_half_duplex)
+    hierarchical.allreduce(levels, send, recv, how)
 
 
 def _mpi_applies(group: Group, nbytes: int, requested: str) -> bool:
@@ -212,27 +212,27 @@ def _choose_allreduce(group: Group, nbytes: int, algorithm: str | None) -> Allre
     return chosen
 
 
-def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-              prescale: float = 1.0, postscale: float = 1.0, algorithm: str | None = None,
-              streams: int | None = None, counts: Sequence[int] | None = None) -> None:
+def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, how: Reduction,
+              counts: Sequence[int] | None = None, overrides: Overrides | None = None) -> None:
     """Reduce ``send`` across the group into ``recv`` (``send`` may be ``recv``).
 
     Args:
-        algorithm: override of the configured algorithm (benchmarks and tests).
-        streams: override of the configured number of parallel channels.
+        how: what is computed (element type, op, factors).
         counts: elements of each tensor fused in ``send`` (default: one tensor); only
             Adasum, which is not elementwise, needs the boundaries (:mod:`.adasum`).
+        overrides: of the configured algorithm and number of parallel channels (autotune,
+            benchmarks and tests).
     """
-    if op == ReduceOp.ADASUM:
-        adasum.allreduce(group, send, recv, [send.size] if counts is None else counts, dtype,
-                         prescale, postscale)
+    overrides = overrides or _NO_OVERRIDES
+    algorithm, streams = overrides.algorithm, overrides.streams
+    if how.op == ReduceOp.ADASUM:
+        adasum.allreduce(group, send, recv, [send.size] if counts is None else counts, how)
         return
-    if deterministic.applies(group, dtype, op):
-        deterministic.allreduce(_route(group, algorithm, streams), send, recv,
-                                Reduction(dtype, prescale, postscale, op))
+    if deterministic.applies(group, how):
+        deterministic.allreduce(_route(group, overrides), send, recv, how)
         return
-    narrow = dtype in WIDENED_BY_MPI
-    nbytes = choice_bytes(send.nbytes, dtype)
+    narrow = how.dtype in WIDENED_BY_MPI
+    nbytes = choice_bytes(send.nbytes, how.dtype)
     algo = _choose_allreduce(group, nbytes, algorithm)
     calibration = _calibration(group, nbytes, algorithm, algo, narrow)
     if calibration is not None:
@@ -240,15 +240,15 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
         if decided is None:
             trial = _ROWS[calibration.next_trial(nbytes, narrow)]
             calibration.run_trial(group.comm, nbytes, trial.name, lambda: _run_row(
-                group, trial, send, recv, dtype, op, prescale, postscale, streams), narrow)
+                group, trial, send, recv, how, streams), narrow)
             return
         algo = _ROWS[decided]
-    _run_row(group, algo, send, recv, dtype, op, prescale, postscale, streams)
+    _run_row(group, algo, send, recv, how, streams)
 
 
-def _route(group: Group, algorithm: str | None, streams: int | None) -> deterministic.Route:
+def _route(group: Group, overrides: Overrides) -> deterministic.Route:
     """Where a deterministic sum's own collectives go (this module's, for its integers)."""
-    return deterministic.Route(group, algorithm, streams, allreduce, reducescatter)
+    return deterministic.Route(group, overrides, allreduce, reducescatter)
 
 
 # One row per name (both "ring" rows run the same body).
@@ -297,21 +297,20 @@ def _new_calibration(group: Group, contenders: tuple[str, ...]) -> Calibration:
 
 
 def _run_row(group: Group, algo: AllreduceAlgorithm, send: np.ndarray, recv: np.ndarray,
-             dtype: str, op: ReduceOp, prescale: float, postscale: float,
-             streams: int | None) -> None:
+             how: Reduction, streams: int | None) -> None:
     """Run one algorithm, across parallel channels where it is channelled."""
     if not algo.channelled:
-        algo.run(group, send, recv, dtype, op, prescale, postscale)
+        algo.run(group, send, recv, how)
         return
     n_streams = streams or group.config.allreduce_streams
 
     def prepare(g: Group) -> None:
         if algo.shared_memory:
             g.node()
-        cpu.warm_up([dtype])
+        cpu.warm_up([how.dtype])
 
     def run(g: Group, send_part: np.ndarray, recv_part: np.ndarray) -> None:
-        algo.run(g, send_part, recv_part, dtype, op, prescale, postscale)
+        algo.run(g, send_part, recv_part, how)
 
     channels.run(group, send, recv, n_streams, run, prepare)
 
@@ -327,21 +326,19 @@ def _shm_node(group: Group, nbytes: int, min_bytes: int = SHM_MIN_BYTES) -> shm.
 
 
 def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
-                  dtype: str, op: ReduceOp, prescale: float = 1.0,
-                  postscale: float = 1.0) -> None:
+                  how: Reduction) -> None:
     """Reduce ``send`` across the group; rank i keeps elements of block i (``counts[i]`` long)."""
-    if op == ReduceOp.ADASUM:
-        adasum.reducescatter(group, send, recv, counts, dtype, prescale, postscale)
+    if how.op == ReduceOp.ADASUM:
+        adasum.reducescatter(group, send, recv, counts, how)
         return
-    if deterministic.applies(group, dtype, op):
-        deterministic.reducescatter(_route(group, None, None), send, recv, counts,
-                                    Reduction(dtype, prescale, postscale, op))
+    if deterministic.applies(group, how):
+        deterministic.reducescatter(_route(group, _NO_OVERRIDES), send, recv, counts, how)
         return
     node = _shm_node(group, send.nbytes, MPI_MAX_BYTES)
     if node is None:
-        mpi.reducescatter(group, send, recv, counts, dtype, op, prescale, postscale)
+        mpi.reducescatter(group, send, recv, counts, how)
     else:
-        shm.reducescatter(node, send, recv, counts, dtype, op, prescale, postscale)
+        shm.reducescatter(node, send, recv, counts, how)
 
 
 def allgather(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence[int]) -> None:

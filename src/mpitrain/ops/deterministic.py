@@ -30,12 +30,12 @@ from ..dtypes import FLOATING, ReduceOp
 from . import channels, fixed_point, ordered
 from .group import Group
 from .kernels import cpu
-from .reduction import ELEMENTWISE, Reduction
+from .reduction import ELEMENTWISE, Overrides, Reduction, check_floating
 from .scratch import Scratch
 from .shm import Node
 
-# The exact collectives the fixed-point design runs on: (group, send, recv, dtype, op,
-# algorithm, streams) -> None, i.e. mpitrain.ops.algorithms.allreduce for integers.
+# The exact collectives the fixed-point design runs on: (group, send, recv, how, ...) -> None,
+# i.e. mpitrain.ops.algorithms.allreduce and reducescatter, for integers.
 IntegerAllreduce = Callable[..., None]
 IntegerReducescatter = Callable[..., None]
 
@@ -46,8 +46,7 @@ class Route:
     (autotune's algorithm and channels), and the data plane's integer collectives."""
 
     group: Group
-    algorithm: str | None
-    streams: int | None
+    overrides: Overrides
     allreduce: IntegerAllreduce
     reducescatter: IntegerReducescatter
 
@@ -61,16 +60,17 @@ class _Integers:
 
     def allreduce(self, buf: np.ndarray, dtype: str, op: ReduceOp) -> None:
         r = self.route
-        r.allreduce(r.group, buf, buf, dtype, op, algorithm=r.algorithm, streams=r.streams)
+        r.allreduce(r.group, buf, buf, Reduction(dtype, op=op), overrides=r.overrides)
 
     def reducescatter(self, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                       dtype: str, op: ReduceOp) -> None:
-        self.route.reducescatter(self.route.group, send, recv, counts, dtype, op)
+        self.route.reducescatter(self.route.group, send, recv, counts, Reduction(dtype, op=op))
 
 
-def applies(group: Group, dtype: str, op: ReduceOp) -> bool:
+def applies(group: Group, how: Reduction) -> bool:
     """Whether this reduction takes a deterministic route (the same answer on every rank)."""
-    return bool(group.config.deterministic) and dtype in FLOATING and op in ELEMENTWISE
+    return (bool(group.config.deterministic) and how.dtype in FLOATING
+            and how.op in ELEMENTWISE)
 
 
 def _fixed(group: Group, how: Reduction) -> bool:
@@ -89,7 +89,12 @@ def _ranks(group: Group) -> ordered.Ranks:
 
 
 def allreduce(route: Route, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
-    """The deterministic reduction of ``send`` over the route's group into ``recv``."""
+    """The deterministic reduction of ``send`` over the route's group into ``recv``.
+
+    Raises:
+        TypeError, ValueError: ``how`` is not an elementwise floating-point reduction.
+    """
+    check_floating(how)
     group = route.group
     if _fixed(group, how):
         fixed_point.check_world(group.size)
@@ -103,13 +108,14 @@ def allreduce(route: Route, send: np.ndarray, recv: np.ndarray, how: Reduction) 
     def run(g: Group, send_part: np.ndarray, recv_part: np.ndarray) -> None:
         ordered.allreduce(_ranks(g), send_part, recv_part, how)
 
-    channels.run(group, send, recv, route.streams or group.config.allreduce_streams, run,
-                 prepare)
+    channels.run(group, send, recv, route.overrides.streams or group.config.allreduce_streams,
+                 run, prepare)
 
 
 def reducescatter(route: Route, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
                   how: Reduction) -> None:
     """Rank i keeps the deterministic reduction of block i (``counts[i]`` elements)."""
+    check_floating(how)
     group = route.group
     if _fixed(group, how):
         fixed_point.check_world(group.size)

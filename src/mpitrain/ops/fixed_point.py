@@ -49,7 +49,7 @@ from ..dtypes import STORAGE, ReduceOp
 from . import reference as plain
 from .kernels import cpu
 from .kernels import fixed_point as kernels
-from .reduction import Reduction
+from .reduction import Reduction, check_floating
 from .scratch import Scratch
 
 HEADROOM_BITS = 14
@@ -142,6 +142,7 @@ def reducescatter(send: np.ndarray, recv: np.ndarray, counts: Sequence[int], ran
 
 
 def _check_sum(how: Reduction) -> None:
+    check_floating(how)
     if how.op != ReduceOp.SUM:
         raise ValueError(f"the fixed-point sum sums; {how.op!r} goes to the rank-order fold")
 

@@ -49,58 +49,69 @@ Every rank of the group must call this, in the same order.
 from __future__ import annotations
 
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..dtypes import ReduceOp
 from . import ring, shm
+from .reduction import Reduction
 from .scratch import Scratch
 from .slices import balanced
 
 MIN_CHUNK_BYTES = 1 << 20  # below this a chunk's barriers and ring latencies dominate
 
 
-def allreduce(node: shm.Node, cross: Any, homogeneous: bool, ws: Scratch,
-              send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-              prescale: float = 1.0, postscale: float = 1.0, pipeline: int = 0,
-              half_duplex: bool = True) -> None:
-    """Allreduce over ``node`` (this node's ranks) and ``cross`` (same local rank elsewhere).
+@dataclass(frozen=True)
+class Hierarchy:
+    """The two levels this rank reduces over, and how the steps run (the same on every rank).
 
-    Args:
+    Attributes:
         node: the shared-memory state of this node's communicator.
         cross: communicator of the ranks with this local rank on every node.
-        homogeneous: every node has the same number of ranks (same answer on every rank).
+        homogeneous: every node has the same number of ranks.
         ws: ring workspace for the cross communicator.
         pipeline: overlap the steps over this many chunks (0 or 1: one after another).
         half_duplex: between two nodes of an even rank count, step 2 one way at a time.
     """
-    chunks = min(pipeline, send.nbytes // MIN_CHUNK_BYTES)
-    if homogeneous and chunks > 1:
-        _pipelined(node, cross, ws, send, recv, dtype, op, prescale, postscale, chunks,
-                   half_duplex)
+
+    node: shm.Node
+    cross: Any
+    homogeneous: bool
+    ws: Scratch
+    pipeline: int = 0
+    half_duplex: bool = True
+
+
+def allreduce(h: Hierarchy, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
+    """Allreduce over ``h.node`` (this node's ranks) and ``h.cross`` (same local rank
+    elsewhere)."""
+    node, cross = h.node, h.cross
+    chunks = min(h.pipeline, send.nbytes // MIN_CHUNK_BYTES)
+    if h.homogeneous and chunks > 1:
+        _pipelined(h, send, recv, how, chunks)
         return
-    if not homogeneous:
-        shm.allreduce(node, send, recv, dtype, op, prescale, 1.0)
+    if not h.homogeneous:
+        shm.allreduce(node, send, recv, how.prescale_only())
         if node.rank == 0:
-            ring.allreduce(cross, recv, recv, dtype, op, 1.0, postscale, ws)
+            ring.allreduce(cross, recv, recv, how.postscale_only(), h.ws)
         shm.broadcast(node, recv, 0)
         return
     ranges = balanced(send.size, node.size)
     lo, hi = ranges[node.rank]
     addrs = node.exchange(send, recv)
-    sources = [a[0] for a in addrs]
+    inputs = shm.Inputs(send, [a[0] for a in addrs])
 
     def reduce_here(start: int, stop: int) -> None:  # step 1 for [lo + start, lo + stop)
-        shm.reduce_slice(node, send, sources, lo + start, lo + stop, recv[lo + start:lo + stop],
-                         dtype, op, prescale, 1.0)
+        shm.reduce_slice(node, inputs, lo + start, lo + stop, recv[lo + start:lo + stop],
+                         how.prescale_only())
 
-    if half_duplex and _half_duplex_applies(node, cross):  # step 1 piece by piece, inside 2
-        ring.allreduce_half_duplex(cross, recv[lo:hi], dtype, op, postscale, ws,
+    if h.half_duplex and _half_duplex_applies(node, cross):  # step 1 piece by piece, inside 2
+        ring.allreduce_half_duplex(cross, recv[lo:hi], how.postscale_only(), h.ws,
                                    sends_first=_sends_first(node, cross), produce=reduce_here)
     else:
         reduce_here(0, hi - lo)
-        ring.allreduce(cross, recv[lo:hi], recv[lo:hi], dtype, op, 1.0, postscale, ws)
+        ring.allreduce(cross, recv[lo:hi], recv[lo:hi], how.postscale_only(), h.ws)
     node.barrier()
     shm.gather_slices(node, recv, [a[1] for a in addrs], ranges, node.rank)
     node.barrier()
@@ -119,20 +130,20 @@ def _sends_first(node: shm.Node, cross: Any) -> bool:
     return bool(cross.Get_rank() == node.rank % 2)
 
 
-def _across(node: shm.Node, cross: Any, ws: Scratch, work: np.ndarray, dtype: str,
-            op: ReduceOp, postscale: float, half_duplex: bool) -> None:
-    """Step 2 for this local rank's slice: allreduce it in place with the other nodes."""
-    if half_duplex and _half_duplex_applies(node, cross):
-        ring.allreduce_half_duplex(cross, work, dtype, op, postscale, ws,
-                                   sends_first=_sends_first(node, cross))
+def _across(h: Hierarchy, work: np.ndarray, how: Reduction) -> None:
+    """Step 2 for this local rank's slice: allreduce it in place with the other nodes
+    (``how``'s prescale was applied in step 1)."""
+    if h.half_duplex and _half_duplex_applies(h.node, h.cross):
+        ring.allreduce_half_duplex(h.cross, work, how.postscale_only(), h.ws,
+                                   sends_first=_sends_first(h.node, h.cross))
     else:
-        ring.allreduce(cross, work, work, dtype, op, 1.0, postscale, ws)
+        ring.allreduce(h.cross, work, work, how.postscale_only(), h.ws)
 
 
-def _pipelined(node: shm.Node, cross: Any, ws: Scratch, send: np.ndarray, recv: np.ndarray,
-               dtype: str, op: ReduceOp, prescale: float, postscale: float,
-               chunks: int, half_duplex: bool) -> None:
+def _pipelined(h: Hierarchy, send: np.ndarray, recv: np.ndarray, how: Reduction,
+               chunks: int) -> None:
     """The homogeneous allreduce with its three steps overlapped over ``chunks`` chunks."""
+    node = h.node
     # Every chunk split over the node's ranks, in absolute element ranges.
     owned = [[(start + lo, start + hi) for lo, hi in balanced(stop - start, node.size)]
              for start, stop in balanced(send.size, chunks)]
@@ -148,7 +159,7 @@ def _pipelined(node: shm.Node, cross: Any, ws: Scratch, send: np.ndarray, recv: 
                 if failed:
                     return
                 lo, hi = ranges[node.rank]
-                _across(node, cross, ws, recv[lo:hi], dtype, op, postscale, half_duplex)
+                _across(h, recv[lo:hi], how)
                 crossed[c].set()
         except BaseException as exc:  # noqa: BLE001 - re-raised on the calling thread
             failed.append(exc)
@@ -168,8 +179,8 @@ def _pipelined(node: shm.Node, cross: Any, ws: Scratch, send: np.ndarray, recv: 
     try:
         for c, ranges in enumerate(owned):
             lo, hi = ranges[node.rank]
-            shm.reduce_slice(node, send, [a[0] for a in addrs], lo, hi, recv[lo:hi], dtype, op,
-                             prescale, 1.0)
+            shm.reduce_slice(node, shm.Inputs(send, [a[0] for a in addrs]), lo, hi,
+                             recv[lo:hi], how.prescale_only())
             reduced[c].set()
             if c > 0:
                 share(c - 1)

@@ -15,6 +15,7 @@ from mpi4py import MPI
 from ..dtypes import ReduceOp
 from . import reference
 from .group import Group
+from .reduction import Reduction
 
 _MPI_OPS = {
     ReduceOp.SUM: MPI.SUM,
@@ -98,9 +99,9 @@ def _mpi_op(dtype: str, op: ReduceOp) -> Any:
     return _BOOL_OPS[op] if dtype == "bool" else _MPI_OPS[op]
 
 
-def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-              prescale: float = 1.0, postscale: float = 1.0) -> None:
+def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
     """Reduce ``send`` across the group into ``recv`` (``send`` may be ``recv``)."""
+    dtype, op, prescale, postscale = how.dtype, how.op, how.prescale, how.postscale
     if prescale == 1.0 and postscale == 1.0 and (
             dtype in _NATIVE or (dtype in _NARROW_INTS and op in _EXACT_ON_NARROW)):
         # The latency path (small messages): straight to MPI, nothing to prepare.
@@ -122,9 +123,9 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, dtype: str, op: 
 
 
 def reducescatter(group: Group, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
-                  dtype: str, op: ReduceOp, prescale: float = 1.0,
-                  postscale: float = 1.0) -> None:
+                  how: Reduction) -> None:
     """Reduce ``send`` across the group; rank i keeps elements of block i (``counts[i]`` long)."""
+    dtype, op, prescale, postscale = how.dtype, how.op, how.prescale, how.postscale
     work = _reduce_prepare(send, dtype, prescale)
     mpi_op = _mpi_op(dtype, op)
     if work.dtype != recv.dtype:  # widened: reduce into a widened block, then narrow

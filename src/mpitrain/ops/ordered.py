@@ -64,7 +64,7 @@ def allreduce(ranks: Ranks, send: np.ndarray, recv: np.ndarray, how: Reduction) 
     if p * send.nbytes <= GATHER_MAX_BYTES:
         _gather_fold(comm, send, recv, how, ws)
     elif ranks.node is not None:
-        shm.allreduce(ranks.node, send, recv, how.dtype, how.op, how.prescale, how.postscale)
+        shm.allreduce(ranks.node, send, recv, how)
     else:
         ranges = balanced(send.size, p)
         lo, hi = ranges[comm.Get_rank()]
@@ -80,8 +80,7 @@ def reducescatter(ranks: Ranks, send: np.ndarray, recv: np.ndarray, counts: Sequ
     if ranks.comm.Get_size() == 1:
         fold(recv, [send], how, ranks.ws)
     elif ranks.node is not None:
-        shm.reducescatter(ranks.node, send, recv, counts, how.dtype, how.op, how.prescale,
-                          how.postscale)
+        shm.reducescatter(ranks.node, send, recv, counts, how)
     else:
         reduce_slices(ranks, send, counts, recv, how)
 
@@ -94,8 +93,7 @@ def fold(out: np.ndarray, sources: Sequence[np.ndarray], how: Reduction, ws: Scr
     tmp = ws.get("ordered.tmp", min(step, n), np.dtype(np.float32))
     for s in range(0, n, step):
         e = min(s + step, n)
-        cpu.reduce_chunks(out[s:e], [x[s:e] for x in sources], how.dtype, how.op,
-                          how.prescale, how.postscale, acc, tmp)
+        cpu.reduce_chunks(out[s:e], [x[s:e] for x in sources], how, acc, tmp)
 
 
 def _gather_fold(comm: Any, send: np.ndarray, recv: np.ndarray, how: Reduction,

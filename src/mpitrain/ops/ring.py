@@ -34,6 +34,7 @@ from ..dtypes import ReduceOp
 from . import reference
 from .kernels import cpu
 from .mpi import same_memory
+from .reduction import Reduction
 from .scratch import Scratch
 from .slices import balanced
 
@@ -49,9 +50,9 @@ def _segments(lo: int, hi: int, step: int) -> list[tuple[int, int]]:
     return [(s, min(s + step, hi)) for s in range(lo, hi, step)]
 
 
-def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: float,
-          ws: Scratch) -> None:
-    """In-place ring allreduce of ``work`` (accumulation type, prescale already applied).
+def _ring(comm: Any, work: np.ndarray, how: Reduction, ws: Scratch) -> None:
+    """In-place ring allreduce of ``work`` (its prescale already applied: only
+    ``how.postscale`` is applied here).
 
     Reduce-scatter step k sends chunk r-k and folds chunk r-k-1 arriving from the left;
     allgather step k receives chunk r-k and forwards it at step k+1.  Both phases move
@@ -61,6 +62,8 @@ def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: floa
     allgather's receives are posted before the data comes, so no rendezvous waits on them).
     """
     p, r = comm.Get_size(), comm.Get_rank()
+    dtype, last_step = how.dtype, how.postscale_only()
+    first_steps = how.unscaled()
     right, left = (r + 1) % p, (r - 1) % p
     chunks = balanced(work.size, p)
     step = max(1, cpu.CHUNK_BYTES // work.itemsize)
@@ -99,8 +102,8 @@ def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: floa
         for i, (s, e) in enumerate(recv_segs):
             rreqs[i].Wait()
             got = incoming[s - recv_lo:e - recv_lo]
-            cpu.reduce_chunks(work[s:e], [got, work[s:e]], dtype, op, 1.0,
-                              postscale if last else 1.0, acc, tmp)
+            cpu.reduce_chunks(work[s:e], [got, work[s:e]], last_step if last else first_steps,
+                              acc, tmp)
             if last:  # this segment of chunk r+1 is final: the allgather's first step
                 gather_sends.append(comm.Isend([work[s:e], MPI.BYTE], right, _GATHER_TAG))
         MPI.Request.Waitall(sreqs)
@@ -115,8 +118,8 @@ def _ring(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp, postscale: floa
     MPI.Request.Waitall(gather_sends)
 
 
-def allreduce_half_duplex(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp,
-                          postscale: float, ws: Scratch, sends_first: bool,
+def allreduce_half_duplex(comm: Any, work: np.ndarray, how: Reduction, ws: Scratch,
+                          sends_first: bool,
                           produce: Callable[[int, int], None] | None = None) -> None:
     """In-place allreduce of ``work`` between the two ranks of ``comm``, one way at a time.
 
@@ -132,6 +135,9 @@ def allreduce_half_duplex(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp,
     gives half of each node's pairs the other role, so each direction of the link still carries
     the same bytes in both phases.
 
+    ``how.prescale`` must be 1: what ``work`` holds (or ``produce`` puts there) is scaled
+    already.
+
     ``produce(lo, hi)``, if given, is called for every element range before that range of
     ``work`` is first read, in order: the caller may fill ``work`` piece by piece (the
     hierarchical allreduce reduces its node's slice there, so that reduction overlaps the
@@ -140,6 +146,9 @@ def allreduce_half_duplex(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp,
     """
     if comm.Get_size() != 2:
         raise ValueError(f"the half-duplex allreduce needs 2 ranks, not {comm.Get_size()}")
+    if how.prescale != 1.0:
+        raise ValueError(f"the half-duplex allreduce scales only after, got {how}")
+    dtype = how.dtype
     n = work.size
     if n == 0:
         return
@@ -173,7 +182,7 @@ def allreduce_half_duplex(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp,
         for a, b in _segments(s, e, piece):
             mine, theirs = work[a:b], incoming[a:b]
             in_rank_order = [theirs, mine] if peer == 0 else [mine, theirs]
-            cpu.reduce_chunks(mine, in_rank_order, dtype, op, 1.0, postscale, acc, tmp)
+            cpu.reduce_chunks(mine, in_rank_order, how, acc, tmp)
             received[-1].Test()
     # Only now the way back: sending each segment as it is reduced would put both directions
     # on the connection at once again.
@@ -181,21 +190,20 @@ def allreduce_half_duplex(comm: Any, work: np.ndarray, dtype: str, op: ReduceOp,
                          for s, e in segments])
 
 
-def allreduce(comm: Any, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-              prescale: float = 1.0, postscale: float = 1.0,
+def allreduce(comm: Any, send: np.ndarray, recv: np.ndarray, how: Reduction,
               ws: Scratch | None = None) -> None:
     """Ring allreduce of ``send`` into ``recv`` (which may be ``send``) among ``comm``."""
     ws = ws or Scratch()
     p = comm.Get_size()
     n = send.size
     if p == 1:
-        local_reduce(send, recv, dtype, op, prescale, postscale, ws)
+        local_reduce(send, recv, how, ws)
         return
-    if prescale != 1.0 and dtype != "bool":
-        _scale(send, recv, dtype, prescale, ws)
+    if how.prescale != 1.0 and how.dtype != "bool":
+        _scale(send, recv, how.dtype, how.prescale, ws)
     elif n and not same_memory(send, recv):
         np.copyto(recv, send)
-    _ring(comm, recv, dtype, op, postscale, ws)
+    _ring(comm, recv, how, ws)
 
 
 def reference_16bit(inputs: list[np.ndarray], dtype: str, op: ReduceOp, prescale: float = 1.0,
@@ -224,16 +232,15 @@ def reference_16bit(inputs: list[np.ndarray], dtype: str, op: ReduceOp, prescale
     return out
 
 
-def local_reduce(send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-                 prescale: float, postscale: float, ws: Scratch) -> None:
+def local_reduce(send: np.ndarray, recv: np.ndarray, how: Reduction, ws: Scratch) -> None:
     """The allreduce of a group of one: ``recv = post * (pre * send)`` with reduction rounding."""
     step = max(1, cpu.CHUNK_BYTES // 4)
     n = send.size
-    acc = ws.get("lacc", min(step, n), cpu.acc_dtype(dtype))
+    acc = ws.get("lacc", min(step, n), cpu.acc_dtype(how.dtype))
     tmp = ws.get("ltmp", min(step, n), np.dtype(np.float32))
     for s in range(0, n, step):
         e = min(s + step, n)
-        cpu.reduce_chunks(recv[s:e], [send[s:e]], dtype, op, prescale, postscale, acc, tmp)
+        cpu.reduce_chunks(recv[s:e], [send[s:e]], how, acc, tmp)
 
 
 def _scale(src: np.ndarray, dst: np.ndarray, dtype: str, factor: float, ws: Scratch) -> None:

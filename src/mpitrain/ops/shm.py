@@ -35,14 +35,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from ..dtypes import ReduceOp
 from . import cma
 from .kernels import cpu
+from .reduction import Reduction
 from .scratch import Scratch
 from .slices import balanced
 
@@ -109,14 +110,26 @@ def _chunk_elems(itemsize: int) -> int:
     return max(1, cpu.CHUNK_BYTES // itemsize)
 
 
-def reduce_slice(node: Node, send: np.ndarray, addresses: Sequence[int], lo: int, hi: int,
-                 out: np.ndarray, dtype: str, op: ReduceOp, prescale: float,
-                 postscale: float, views: Sequence[np.ndarray] | None = None) -> None:
-    """Reduce elements [lo, hi) of every rank's ``send`` (at ``addresses``) into ``out``.
+@dataclass(frozen=True)
+class Inputs:
+    """Every rank's input to a reduction: this rank's ``send``, and where the peers' lie.
 
-    ``out`` holds hi - lo elements and may alias ``send[lo:hi]`` (in place).  With ``views``
-    (every rank's data in a shared window) the peers' data is read in place instead.
+    The peers' are read at ``addresses`` (one per rank, in rank order) by cross-memory
+    attach, or, with ``views`` (every rank's data in a shared window), in place.
     """
+
+    send: np.ndarray
+    addresses: Sequence[int]
+    views: Sequence[np.ndarray] | None = None
+
+
+def reduce_slice(node: Node, inputs: Inputs, lo: int, hi: int, out: np.ndarray,
+                 how: Reduction) -> None:
+    """Reduce elements [lo, hi) of every rank's input into ``out``.
+
+    ``out`` holds hi - lo elements and may alias ``inputs.send[lo:hi]`` (in place).
+    """
+    send, addresses, views, dtype = inputs.send, inputs.addresses, inputs.views, how.dtype
     itemsize = send.dtype.itemsize
     step = _chunk_elems(itemsize)
     acc = node.scratch("acc", min(step, hi - lo), cpu.acc_dtype(dtype))
@@ -139,8 +152,7 @@ def reduce_slice(node: Node, send: np.ndarray, addresses: Sequence[int], lo: int
             k += 1
             cma.read(node.pids[q], addresses[q] + start * itemsize, buf)
             sources.append(buf)
-        cpu.reduce_chunks(out[start - lo:stop - lo], sources, dtype, op, prescale, postscale,
-                          acc, tmp)
+        cpu.reduce_chunks(out[start - lo:stop - lo], sources, how, acc, tmp)
 
 
 def gather_slices(node: Node, recv: np.ndarray, addresses: Sequence[int],
@@ -153,24 +165,21 @@ def gather_slices(node: Node, recv: np.ndarray, addresses: Sequence[int],
         cma.read(node.pids[q], addresses[q] + lo * itemsize, recv[lo:hi])
 
 
-def allreduce(node: Node, send: np.ndarray, recv: np.ndarray, dtype: str, op: ReduceOp,
-              prescale: float = 1.0, postscale: float = 1.0) -> None:
+def allreduce(node: Node, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
     """Allreduce among the ranks of ``node`` (see the module docstring for the traffic)."""
     if not node.cma:
-        _allreduce_window(node, send, recv, dtype, op, prescale, postscale)
+        _allreduce_window(node, send, recv, how)
         return
     ranges = balanced(send.size, node.size)
     lo, hi = ranges[node.rank]
     addrs = node.exchange(send, recv)
-    reduce_slice(node, send, [a[0] for a in addrs], lo, hi, recv[lo:hi], dtype, op,
-                 prescale, postscale)
+    reduce_slice(node, Inputs(send, [a[0] for a in addrs]), lo, hi, recv[lo:hi], how)
     node.barrier()
     gather_slices(node, recv, [a[1] for a in addrs], ranges, node.rank)
     node.barrier()
 
 
-def _allreduce_window(node: Node, send: np.ndarray, recv: np.ndarray, dtype: str,
-                      op: ReduceOp, prescale: float, postscale: float) -> None:
+def _allreduce_window(node: Node, send: np.ndarray, recv: np.ndarray, how: Reduction) -> None:
     """The staged variant for nodes without cross-memory attach (see the module docstring)."""
     ranges = balanced(send.size, node.size)
     lo, hi = ranges[node.rank]
@@ -178,7 +187,7 @@ def _allreduce_window(node: Node, send: np.ndarray, recv: np.ndarray, dtype: str
     np.copyto(views[node.rank], send)
     node.barrier()
     mine = views[node.rank]
-    reduce_slice(node, mine, [], lo, hi, recv[lo:hi], dtype, op, prescale, postscale, views)
+    reduce_slice(node, Inputs(mine, [], views), lo, hi, recv[lo:hi], how)
     mine[lo:hi] = recv[lo:hi]
     node.barrier()
     for q, (qlo, qhi) in enumerate(ranges):
@@ -188,14 +197,12 @@ def _allreduce_window(node: Node, send: np.ndarray, recv: np.ndarray, dtype: str
 
 
 def reducescatter(node: Node, send: np.ndarray, recv: np.ndarray, counts: Sequence[int],
-                  dtype: str, op: ReduceOp, prescale: float = 1.0,
-                  postscale: float = 1.0) -> None:
+                  how: Reduction) -> None:
     """Rank i keeps the reduction of elements of block i (``counts[i]`` long) in ``recv``."""
     offsets = np.concatenate(([0], np.cumsum(counts))).astype(np.int64)
     lo, hi = int(offsets[node.rank]), int(offsets[node.rank + 1])
     addrs = node.exchange(send)
-    reduce_slice(node, send, [a[0] for a in addrs], lo, hi, recv, dtype, op, prescale,
-                 postscale)
+    reduce_slice(node, Inputs(send, [a[0] for a in addrs]), lo, hi, recv, how)
     node.barrier()
 
 

@@ -45,13 +45,16 @@ from .. import mpi as mpi_ops
 from .. import ordered
 from ..algorithms import allreduce as host_allreduce
 from ..group import Group
-from ..reduction import Reduction
+from ..reduction import Overrides, Reduction
 from . import fixed_point, ipc, kernel_steps, kernels, launch, streams, transport
 from .buffers import DeviceBuffers, addressed
 from .probe import require
 from .streams import Channel, Channels, CupyStreams
 
 _MPI_REDUCIBLE = ("float32", "float64", "int8", "uint8", "int16", "int32", "int64")
+# The process set's own Group reduces staged chunks with one channel: the device channels
+# already run in parallel; no nested split.
+_ONE_CHANNEL = Overrides(streams=1)
 
 
 class _Ops:
@@ -61,9 +64,8 @@ class _Ops:
         self.dg = device_group
         self.channel = channel
 
-    def reduce(self, inputs: list[Any], out: Any, dtype: str, op: ReduceOp, prescale: float,
-               postscale: float) -> None:
-        self.dg.reduce(self.channel, inputs, out, dtype, op, prescale, postscale)
+    def reduce(self, inputs: list[Any], out: Any, how: Reduction) -> None:
+        self.dg.reduce(self.channel, inputs, out, how)
 
     def copy(self, dst: Any, src: Any) -> None:
         if int(dst.data.ptr) == int(src.data.ptr):
@@ -136,12 +138,12 @@ class DeviceGroup:
                     yield
 
     # ------------------------------------------------------------------ device work
-    def reduce(self, channel: Channel, inputs: list[Any], out: Any, dtype: str, op: ReduceOp,
-               prescale: float, postscale: float) -> None:
-        steps = kernel_steps.reduce_steps(len(inputs), dtype, op, prescale, postscale)
+    def reduce(self, channel: Channel, inputs: list[Any], out: Any, how: Reduction) -> None:
+        steps = kernel_steps.reduce_steps(len(inputs), how.dtype, how.op, how.prescale,
+                                          how.postscale)
         scratch = None
         if len(inputs) > 2:  # only then does a step keep an accumulator between launches
-            kind = "uint8" if dtype == "bool" else dtype
+            kind = "uint8" if how.dtype == "bool" else how.dtype
             scratch = self.buffers.scratch(channel.index, kernel_steps.accumulator_dtype(kind),
                                            int(out.size))
         self.launcher.run(steps, inputs, out, scratch, channel.stream)
@@ -152,8 +154,8 @@ class DeviceGroup:
                             runtime.memcpyDeviceToDevice, stream.ptr)
 
     # -------------------------------------------------------------------- transports
-    def _over_mpi(self, channel: Channel, comm: Any, host_group: Any, buf: Any, dtype: str,
-                  op: ReduceOp, prescale: float, postscale: float) -> None:
+    def _over_mpi(self, channel: Channel, comm: Any, host_group: Any, buf: Any,
+                  how: Reduction) -> None:
         """Allreduce the device slice ``buf`` in place across ``comm``'s ranks.
 
         ``host_group`` reduces staged chunks: the process set's own Group on channel 0 (the
@@ -163,7 +165,7 @@ class DeviceGroup:
         if buf.size == 0:
             return
         if self.across == transport.Transport.CUDA_AWARE_MPI:
-            self._cuda_aware(channel, comm, buf, dtype, op, prescale, postscale)
+            self._cuda_aware(channel, comm, buf, how)
             return
         count = int(buf.size)
         itemsize = buf.dtype.itemsize
@@ -179,21 +181,18 @@ class DeviceGroup:
 
         def reduce_host(host: np.ndarray) -> None:
             if host_group is self.group:
-                # streams=1: the device channels already run in parallel; no nested split.
-                host_allreduce(self.group, host, host, dtype, op, prescale, postscale,
-                               streams=1)
-            elif self.rank_order and dtype in FLOATING:
+                host_allreduce(self.group, host, host, how, overrides=_ONE_CHANNEL)
+            elif self.rank_order and how.dtype in FLOATING:
                 ws = self.buffers.host_scratch(channel.index)
-                ordered.allreduce(ordered.Ranks(comm, None, ws), host, host,
-                                  Reduction(dtype, prescale, postscale, op))
+                ordered.allreduce(ordered.Ranks(comm, None, ws), host, host, how)
             else:
-                mpi_ops.allreduce(host_group, host, host, dtype, op, prescale, postscale)
+                mpi_ops.allreduce(host_group, host, host, how)
 
-        transport.staged_allreduce(self.backend, channel.stream, buf, hosts, count, chunk, copy,
-                                   reduce_host)
+        transport.staged_allreduce(self.backend, channel.stream, buf, count,
+                                   transport.Staging(hosts, chunk, copy, reduce_host))
 
-    def _cuda_aware(self, channel: Channel, comm: Any, buf: Any, dtype: str, op: ReduceOp,
-                    prescale: float, postscale: float) -> None:
+    def _cuda_aware(self, channel: Channel, comm: Any, buf: Any, how: Reduction) -> None:
+        dtype, op, prescale, postscale = how.dtype, how.op, how.prescale, how.postscale
         mpi_op = {ReduceOp.SUM: MPI.SUM, ReduceOp.MIN: MPI.MIN, ReduceOp.MAX: MPI.MAX,
                   ReduceOp.PRODUCT: MPI.PROD}[op]
         if dtype == "bool":
@@ -208,40 +207,36 @@ class DeviceGroup:
             self.launcher.run([kernel_steps.cast_step(dtype, "float32", prescale)], [buf], work,
                               None, channel.stream)
         elif prescale != 1.0:
-            self.reduce(channel, [buf], buf, dtype, ReduceOp.SUM, prescale, 1.0)
+            self.reduce(channel, [buf], buf, Reduction(dtype, prescale=prescale))
         channel.stream.synchronize()  # MPI reads device memory outside any stream
         comm.Allreduce(MPI.IN_PLACE, work, op=mpi_op)
         if wide:
             self.launcher.run([kernel_steps.cast_step("float32", dtype, postscale)], [work], buf,
                               None, channel.stream)
         elif postscale != 1.0:
-            self.reduce(channel, [buf], buf, dtype, ReduceOp.SUM, 1.0, postscale)
+            self.reduce(channel, [buf], buf, Reduction(dtype, postscale=postscale))
 
     # ------------------------------------------------------------------- the bucket
-    def allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any], dtype: str,
-                  op: ReduceOp, prescale: float, postscale: float, ready: Sequence[Any],
-                  framework_streams: Sequence[Any]) -> None:
+    def allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any], how: Reduction,
+                  ready: Sequence[Any], framework_streams: Sequence[Any]) -> None:
         """Allreduce flat device arrays ``inputs`` into ``outputs`` (which may be them).
 
         Args:
             ready: events recorded on the framework's streams after the inputs were written.
             framework_streams: streams that must see the outputs (they are made to wait).
         """
-        storage = STORAGE[dtype]
         count = sum(int(x.size) for x in inputs)
         if count == 0:
             return
         with self.on_device():
-            if self.group.config.deterministic == "fixed-point" and dtype in FLOATING:
-                how = Reduction(dtype, prescale, postscale, op)
-                if op == ReduceOp.SUM:
+            if self.group.config.deterministic == "fixed-point" and how.dtype in FLOATING:
+                if how.op == ReduceOp.SUM:
                     fixed_spec.check_world(self.group.size)
                     self._fixed_point(inputs, outputs, how, ready, framework_streams)
                 else:
                     self._folded_on_host(inputs, outputs, how, ready)
                 return
-            self._allreduce(inputs, outputs, storage, count, dtype, op, prescale, postscale,
-                            ready, framework_streams)
+            self._allreduce(inputs, outputs, count, how, ready, framework_streams)
 
     def _folded_on_host(self, inputs: Sequence[Any], outputs: Sequence[Any], how: Reduction,
                         ready: Sequence[Any]) -> None:
@@ -251,7 +246,7 @@ class DeviceGroup:
             self.backend.host_wait(event)  # the producer's writes, before the download
         hosts = [self.cupy.asnumpy(x).reshape(-1) for x in inputs]
         fused = np.concatenate(hosts)
-        host_allreduce(self.group, fused, fused, how.dtype, how.op, how.prescale, how.postscale)
+        host_allreduce(self.group, fused, fused, how)
         offset = 0
         for out, host in zip(outputs, hosts):
             out.set(fused[offset:offset + host.size].reshape(out.shape))
@@ -282,12 +277,10 @@ class DeviceGroup:
         v, e, w = (self.launcher.numba_array(a) for a in (values, exps, words))
         kernels.launch(fixed_point.exponents_kernel(how.dtype), count, on, v, e, count,
                        how.prescale)
-        self._allreduce([exps], [exps], STORAGE[lay.exps], count, lay.exps, ReduceOp.MAX,
-                        1.0, 1.0, (), ())
+        self._allreduce([exps], [exps], count, Reduction(lay.exps, op=ReduceOp.MAX), (), ())
         kernels.launch(fixed_point.encode_kernel(how.dtype), count, on, v, e, w, count,
                        how.prescale)
-        self._allreduce([words], [words], STORAGE[lay.word], count * lay.words, lay.word,
-                        ReduceOp.SUM, 1.0, 1.0, (), ())
+        self._allreduce([words], [words], count * lay.words, Reduction(lay.word), (), ())
         kernels.launch(fixed_point.decode_kernel(how.dtype), count, on, w, e, v, count,
                        how.postscale)
         if not in_place_single:
@@ -297,14 +290,15 @@ class DeviceGroup:
         for framework_stream in framework_streams:
             self.backend.wait(framework_stream, done)
 
-    def _allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any], storage: np.dtype,
-                   count: int, dtype: str, op: ReduceOp, prescale: float, postscale: float,
-                   ready: Sequence[Any], framework_streams: Sequence[Any]) -> None:
+    def _allreduce(self, inputs: Sequence[Any], outputs: Sequence[Any], count: int,
+                   how: Reduction, ready: Sequence[Any],
+                   framework_streams: Sequence[Any]) -> None:
         # Each tensor's address is read once per call (the pack tables are keyed by them).
         ins = tuple([int(x.data.ptr) for x in inputs])
         outs = ins if outputs is inputs else tuple([int(y.data.ptr) for y in outputs])
         in_place = ins == outs
-        if self.alone and in_place and (dtype == "bool" or prescale == postscale == 1.0):
+        if self.alone and in_place and (how.dtype == "bool"
+                                        or how.prescale == how.postscale == 1.0):
             return  # a world of one, nothing to scale: the result is the input already
         pack_channel = self.channels.channels[0]
         pack_stream = pack_channel.stream
@@ -312,22 +306,21 @@ class DeviceGroup:
             self.backend.wait(pack_stream, event)
         if self.alone and len(inputs) == 1:
             # One launch, input to output, on the stream that waited for the producer.
-            self.reduce(pack_channel, [inputs[0]], outputs[0], dtype, op, prescale, postscale)
+            self.reduce(pack_channel, [inputs[0]], outputs[0], how)
         else:
-            self._fused((inputs, ins), (outputs, outs), count,
-                        (storage, dtype, op, prescale, postscale))
+            self._fused((inputs, ins), (outputs, outs), count, how)
         done = self.backend.record(pack_stream)
         for stream in framework_streams:
             self.backend.wait(stream, done)
 
     def _fused(self, inputs: tuple[Sequence[Any], tuple[int, ...]],
                outputs: tuple[Sequence[Any], tuple[int, ...]], count: int,
-               how: tuple[np.dtype, str, ReduceOp, float, float]) -> None:
+               how: Reduction) -> None:
         """Pack (unless one tensor can be reduced where it lies), reduce on the channels,
         unpack; all ordered on channel 0's stream, which waited for the producer.
 
         ``inputs`` and ``outputs`` are the arrays with their addresses."""
-        storage, dtype, op, prescale, postscale = how
+        storage = STORAGE[how.dtype]
         pack_stream = self.channels.channels[0].stream
         in_place_single = (len(inputs[0]) == 1 and self.window is None
                            and inputs[1] == outputs[1])
@@ -340,36 +333,35 @@ class DeviceGroup:
 
         def work(channel: Channel, start: int, stop: int) -> None:
             with self.on_device():
-                self._slice(channel, fused, dtype, op, prescale, postscale, start, stop, align)
+                self._slice(channel, fused, how, start, stop, align)
 
         min_chunk = max(1, streams.MIN_CHUNK_BYTES // storage.itemsize)
         # ready=None: Channels records one only if a channel runs on another stream.
-        self.channels.run(pack_stream, None, count, work, align, min_chunk, join=[pack_stream])
+        self.channels.run(pack_stream, None, count, work, streams.Slicing(align, min_chunk),
+                          join=[pack_stream])
         if not in_place_single:
             self.buffers.packer(outputs, fused).unpack(fused, pack_stream)
 
-    def _slice(self, channel: Channel, fused: Any, dtype: str, op: ReduceOp, prescale: float,
-               postscale: float, start: int, stop: int, align: int) -> None:
+    def _slice(self, channel: Channel, fused: Any, how: Reduction, start: int, stop: int,
+               align: int) -> None:
         i = channel.index
         if self.alone:  # a fused bucket at a world of one: only its scaling
             part = fused[start:stop]
-            self.reduce(channel, [part], part, dtype, op, prescale, postscale)
+            self.reduce(channel, [part], part, how)
             return
         if self.window is None:
             host_group = self.group if i == 0 else self._channel_groups[i]
-            self._over_mpi(channel, channel.comm, host_group, fused[start:stop], dtype, op,
-                           prescale, postscale)
+            self._over_mpi(channel, channel.comm, host_group, fused[start:stop], how)
             return
         cross = None
         if self.cross is not None:
             cross_comm, cross_group = self.cross_comms[i], self._cross_groups[i]
 
             def cross(lo: int, hi: int) -> None:
-                self._over_mpi(channel, cross_comm, cross_group, fused[lo:hi], dtype, op, 1.0,
-                               1.0)
-        ipc.allreduce(self.window, _Ops(self, channel), dtype, op, start, stop, prescale,
-                      postscale, lambda lo, hi: fused[lo:hi], cross=cross, align=align,
-                      comm=self.local_comms[i])
+                self._over_mpi(channel, cross_comm, cross_group, fused[lo:hi], how.unscaled())
+        ipc.allreduce(self.window, _Ops(self, channel), how,
+                      ipc.Part(start, stop, align, self.local_comms[i]),
+                      lambda lo, hi: fused[lo:hi], cross=cross)
 
     def close(self) -> None:
         """Release everything; not collective (safe at shutdown with a dead peer)."""

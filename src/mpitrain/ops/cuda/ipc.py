@@ -29,7 +29,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ...dtypes import STORAGE, ReduceOp
+from ...dtypes import STORAGE
+from ..reduction import Reduction
 from ..slices import balanced as owner_slices
 
 MIN_WINDOW_BYTES = 1 << 20  # the first window; later ones at least double
@@ -56,8 +57,7 @@ class IpcRuntime(Protocol):
 class DeviceOps(Protocol):
     """The device work of the phases, enqueued on one stream."""
 
-    def reduce(self, inputs: list[Any], out: Any, dtype: str, op: ReduceOp, prescale: float,
-               postscale: float) -> None: ...
+    def reduce(self, inputs: list[Any], out: Any, how: Reduction) -> None: ...
 
     def copy(self, dst: Any, src: Any) -> None: ...
 
@@ -144,37 +144,52 @@ class Window:
         self._release(barrier=collective and self.own is not None)
 
 
-def reduce_scatter_phase(window: Window, ops: DeviceOps, dtype: str, op: ReduceOp,
-                         lo: int, hi: int, prescale: float, postscale: float,
-                         align: int = 1, comm: Any = None) -> tuple[int, int]:
-    """Reduce this rank's slice of [lo, hi) from every window into its own window.
+@dataclass(frozen=True)
+class Part:
+    """The window elements [lo, hi) one channel reduces, the alignment of the slices the
+    ranks own in it, and the channel's local communicator (None: the window's): channels
+    work on disjoint ranges of one window and synchronise among themselves only."""
+
+    lo: int
+    hi: int
+    align: int = 1
+    comm: Any = None
+
+    def owners(self, ranks: int) -> list[tuple[int, int]]:
+        """Each rank's slice of the part, relative to ``lo``."""
+        return owner_slices(self.hi - self.lo, ranks, self.align)
+
+
+def reduce_scatter_phase(window: Window, ops: DeviceOps, how: Reduction,
+                         part: Part) -> tuple[int, int]:
+    """Reduce this rank's slice of the part from every window into its own window.
 
     The caller has enqueued this rank's data into its window [lo, hi) on ``ops``' stream.
-    ``comm`` is the channel's local communicator (the window's by default): channels work on
-    disjoint ranges of one window and synchronise among themselves only.
     Returns the (start, stop) this rank owns, absolute.
     """
-    comm = window.comm if comm is None else comm
+    comm = window.comm if part.comm is None else part.comm
+    lo = part.lo
     ops.synchronize()
     comm.Barrier()  # every window holds its rank's data
-    start, stop = owner_slices(hi - lo, window.size, align)[window.rank]
+    start, stop = part.owners(window.size)[window.rank]
     if stop > start:
-        inputs = window.views(dtype, lo + start, lo + stop)
-        ops.reduce(inputs, inputs[window.rank], dtype, op, prescale, postscale)
+        inputs = window.views(how.dtype, lo + start, lo + stop)
+        ops.reduce(inputs, inputs[window.rank], how)
     ops.synchronize()
     comm.Barrier()  # every slice is reduced
     return lo + start, lo + stop
 
 
-def allgather_phase(window: Window, ops: DeviceOps, dtype: str, lo: int, hi: int,
-                    out: Callable[[int, int], Any], align: int = 1, comm: Any = None) -> None:
-    """Copy every rank's reduced slice of [lo, hi) into ``out(start, stop)``.
+def allgather_phase(window: Window, ops: DeviceOps, dtype: str, part: Part,
+                    out: Callable[[int, int], Any]) -> None:
+    """Copy every rank's reduced slice of the part into ``out(start, stop)``.
 
     ``out(start, stop)`` returns the destination for elements [start, stop) (absolute): the
     caller's output buffer, or the window itself before an unpack.
     """
-    comm = window.comm if comm is None else comm
-    for r, (start, stop) in enumerate(owner_slices(hi - lo, window.size, align)):
+    comm = window.comm if part.comm is None else part.comm
+    lo = part.lo
+    for r, (start, stop) in enumerate(part.owners(window.size)):
         if stop > start:
             src = window.views(dtype, lo + start, lo + stop)[r]
             ops.copy(out(lo + start, lo + stop), src)
@@ -182,29 +197,27 @@ def allgather_phase(window: Window, ops: DeviceOps, dtype: str, lo: int, hi: int
     comm.Barrier()  # nobody refills its window while a peer still copies from it
 
 
-def allreduce(window: Window, ops: DeviceOps, dtype: str, op: ReduceOp, lo: int, hi: int,
-              prescale: float, postscale: float, out: Callable[[int, int], Any],
-              cross: Callable[[int, int], None] | None = None, align: int = 1,
-              comm: Any = None) -> None:
-    """Allreduce window elements [lo, hi) across the node (and across nodes via ``cross``).
+def allreduce(window: Window, ops: DeviceOps, how: Reduction, part: Part,
+              out: Callable[[int, int], Any],
+              cross: Callable[[int, int], None] | None = None) -> None:
+    """Allreduce the part's window elements across the node (and across nodes via ``cross``).
 
     Args:
         cross: for the hierarchical allreduce, allreduces this rank's reduced slice (absolute
             element range) across nodes, in place in the window; prescale applies within the
             node and postscale after the cross-node step.
     """
-    post_local = postscale if cross is None else 1.0
-    comm = window.comm if comm is None else comm
-    start, stop = reduce_scatter_phase(window, ops, dtype, op, lo, hi, prescale, post_local,
-                                       align, comm)
+    comm = window.comm if part.comm is None else part.comm
+    start, stop = reduce_scatter_phase(window, ops, how if cross is None else how.prescale_only(),
+                                       part)
     if cross is not None:
         cross(start, stop)
-        if postscale != 1.0 and stop > start:
-            mine = window.views(dtype, start, stop)[window.rank]
-            ops.reduce([mine], mine, dtype, ReduceOp.SUM, 1.0, postscale)
+        if how.postscale != 1.0 and stop > start:
+            mine = window.views(how.dtype, start, stop)[window.rank]
+            ops.reduce([mine], mine, Reduction(how.dtype, postscale=how.postscale))
         ops.synchronize()
         comm.Barrier()
-    allgather_phase(window, ops, dtype, lo, hi, out, align, comm)
+    allgather_phase(window, ops, how.dtype, part, out)
 
 
 class CupyIpc:

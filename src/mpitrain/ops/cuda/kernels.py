@@ -33,12 +33,14 @@ import functools
 import importlib
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 from numba import types as numba_types
 
 from ...dtypes import STORAGE, ReduceOp
+from ..reduction import Reduction
 from .helpers import device_helper
 from .kernel_steps import Step, cast_step, reduce_steps, step_buffers
 from .probe import CudaUnavailableError
@@ -289,39 +291,49 @@ def step_kernel(step: Step) -> Any:
     return scale_kernel(*step.kinds)
 
 
-def launch_step(step: Step, buffers: list[Any], n: int, stream: Any = 0,
-                threads: int | None = None, max_blocks: int | None = None) -> None:
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Where a launch through numba's dispatch goes, and its grid (tests narrow it to reach
+    the grid-stride loop and ragged tails)."""
+
+    stream: Any = 0  # a numba stream
+    threads: int | None = None  # per block; None: THREADS
+    max_blocks: int | None = None  # None: MAX_BLOCKS
+
+
+_DEFAULT_LAUNCH = LaunchConfig()
+
+
+def launch_step(step: Step, buffers: list[Any], n: int,
+                on: LaunchConfig = _DEFAULT_LAUNCH) -> None:
     """Launch ``step`` over ``n`` elements of numba arrays (or anything numba accepts) through
     numba's dispatch."""
-    blocks, threads = launch_shape(n, threads or THREADS, max_blocks or MAX_BLOCKS)
+    blocks, threads = launch_shape(n, on.threads or THREADS, on.max_blocks or MAX_BLOCKS)
     with _launching:  # in the simulator, also while compiling: a running kernel swaps `cuda`
-        step_kernel(step)[blocks, threads, stream](*buffers, n, *step.scales)
+        step_kernel(step)[blocks, threads, on.stream](*buffers, n, *step.scales)
 
 
-def reduce_buffers(inputs: list[Any], out: Any, dtype: str, op: ReduceOp, prescale: float,
-                   postscale: float, scratch: Any, stream: Any = 0,
-                   threads: int | None = None, max_blocks: int | None = None) -> None:
+def reduce_buffers(inputs: list[Any], out: Any, how: Reduction, scratch: Any,
+                   on: LaunchConfig = _DEFAULT_LAUNCH) -> None:
     """Reduce equally long device buffers into ``out`` (which may be one of them).
 
     Args:
         inputs: storage-typed device arrays (numba device arrays, or anything numba accepts).
         out: the storage-typed output.
-        dtype: logical element type; op: SUM/MIN/MAX/PRODUCT (Average arrives as Sum).
+        how: logical element type, factors, and op: SUM/MIN/MAX/PRODUCT (Average arrives as
+            Sum).
         scratch: an accumulator array of ``accumulator_dtype(dtype)`` and the same length,
             used only when there are more than two inputs.
-        stream: the stream to launch on (a numba stream).
     """
     n = int(out.shape[0])
-    for step in reduce_steps(len(inputs), dtype, op, prescale, postscale):
-        launch_step(step, step_buffers(step, inputs, out, scratch), n, stream, threads,
-                    max_blocks)
+    for step in reduce_steps(len(inputs), how.dtype, how.op, how.prescale, how.postscale):
+        launch_step(step, step_buffers(step, inputs, out, scratch), n, on)
 
 
 def cast(src: Any, out: Any, dtype_in: str, dtype_out: str, scale: float = 1.0,
-         stream: Any = 0, threads: int | None = None, max_blocks: int | None = None) -> None:
+         on: LaunchConfig = _DEFAULT_LAUNCH) -> None:
     """Convert ``src`` to ``out`` (fp16/bf16 compression and back), times ``scale``."""
-    launch_step(cast_step(dtype_in, dtype_out, scale), [src, out], int(src.shape[0]), stream,
-                threads, max_blocks)
+    launch_step(cast_step(dtype_in, dtype_out, scale), [src, out], int(src.shape[0]), on)
 
 
 def loader(kind: str) -> Any:
@@ -357,5 +369,6 @@ def simulated() -> bool:
     return _SIMULATED
 
 
-__all__ = ["cast", "combine_kernel", "device_types", "jit", "launch", "launch_shape", "launch_step",
-           "loader", "reduce_buffers", "scale_kernel", "simulated", "step_kernel", "storer"]
+__all__ = ["LaunchConfig", "cast", "combine_kernel", "device_types", "jit", "launch",
+           "launch_shape", "launch_step", "loader", "reduce_buffers", "scale_kernel", "simulated",
+           "step_kernel", "storer"]

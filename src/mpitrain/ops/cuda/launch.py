@@ -181,7 +181,7 @@ class Launcher:
             if self.prepared is not None and self.prepared.launch(step, buffers, n, stream):
                 continue
             kernels.launch_step(step, [self.numba_array(b) for b in buffers], n,
-                                self.numba_stream(stream))
+                                kernels.LaunchConfig(self.numba_stream(stream)))
 
     def numba_array(self, array: Any) -> Any:
         """``array`` (cupy's) as numba's dispatch takes it, for kernels launched that way."""

@@ -69,6 +69,17 @@ def split(count: int, channels: int, align: int = 1, min_chunk: int = 1) -> list
     return balanced(count, n, align)
 
 
+@dataclass(frozen=True)
+class Slicing:
+    """How a run cuts its elements among the channels (see :func:`split`)."""
+
+    align: int = 1
+    min_chunk: int = 1
+
+
+_WHOLE_ELEMENTS = Slicing()
+
+
 @dataclass
 class Channel:
     """One lane: a stream, a communicator no other lane uses, and a host thread."""
@@ -100,8 +111,8 @@ class Channels:
     def __len__(self) -> int:
         return len(self.channels)
 
-    def run(self, framework_stream: Any, ready: Any, count: int, work: Work, align: int = 1,
-            min_chunk: int = 1, join: Sequence[Any] | None = None) -> list[Any]:
+    def run(self, framework_stream: Any, ready: Any, count: int, work: Work,
+            slicing: Slicing = _WHOLE_ELEMENTS, join: Sequence[Any] | None = None) -> list[Any]:
         """Run ``work(channel, start, stop)`` for each slice of ``count`` elements.
 
         A channel whose stream is the framework's own (channel 0's stream, when the caller
@@ -114,6 +125,7 @@ class Channels:
                 one now (only if some channel runs on another stream).
             work: enqueues the slice's kernels on ``channel.stream`` and does its
                 communication on ``channel.comm``.
+            slicing: how the ``count`` elements are cut among the channels.
             join: the streams made to wait for every channel (default: the framework's).
 
         Returns:
@@ -123,7 +135,7 @@ class Channels:
         Raises:
             The first exception a slice raised, after every slice has finished.
         """
-        slices = split(count, len(self.channels), align, min_chunk)
+        slices = split(count, len(self.channels), slicing.align, slicing.min_chunk)
         lanes = self.channels[:len(slices)]
         if ready is None and any(c.stream is not framework_stream for c in lanes):
             ready = self.backend.record(framework_stream)

@@ -184,22 +184,36 @@ def staging_schedule(count: int, chunk: int) -> list[tuple[str, int]]:
 Copy = Callable[[Any, Any, Any], None]  # copy(stream, destination, source), asynchronous
 
 
-def staged_allreduce(backend: StreamBackend, stream: Any, device: Any, hosts: Sequence[Any],
-                     count: int, chunk: int, copy: Copy,
-                     reduce_host: Callable[[Any], None]) -> None:
+@dataclass(frozen=True)
+class Staging:
+    """The host side of a staged allreduce.
+
+    Attributes:
+        hosts: two pinned host buffers of at least ``chunk`` elements each.
+        chunk: the elements one step moves.
+        copy: enqueues an asynchronous copy on the channel's stream.
+        reduce_host: allreduces a host chunk in place (the CPU data plane; collective, so
+            every rank calls it for the same chunks in the same order).
+    """
+
+    hosts: Sequence[Any]
+    chunk: int
+    copy: Copy
+    reduce_host: Callable[[Any], None]
+
+
+def staged_allreduce(backend: StreamBackend, stream: Any, device: Any, count: int,
+                     staging: Staging) -> None:
     """Allreduce ``device[:count]`` through two pinned host buffers, pipelined.
 
     Args:
         stream: the channel's stream; the copies run on it, in :func:`staging_schedule` order.
         device: the flat device buffer (sliceable); reduced in place.
-        hosts: two pinned host buffers of at least ``chunk`` elements each.
-        copy: enqueues an asynchronous copy on ``stream``.
-        reduce_host: allreduces a host chunk in place (the CPU data plane; collective, so
-            every rank calls it for the same chunks in the same order).
 
     On return the uploads are enqueued on ``stream``, not finished: the caller orders later
     work after them with an event, as the channels do.
     """
+    hosts, chunk, copy = staging.hosts, staging.chunk, staging.copy
     if len(hosts) != 2:
         raise ValueError(f"staging needs two host buffers, got {len(hosts)}")
     downloaded: dict[int, Any] = {}
@@ -211,6 +225,6 @@ def staged_allreduce(backend: StreamBackend, stream: Any, device: Any, hosts: Se
             downloaded[i] = backend.record(stream)
         elif step == "reduce":
             backend.host_wait(downloaded.pop(i))
-            reduce_host(host)
+            staging.reduce_host(host)
         else:
             copy(stream, device[lo:hi], host)

@@ -29,6 +29,7 @@ from llvmlite import ir as llvm_ir
 from numba.extending import intrinsic
 
 from ...dtypes import STORAGE, ReduceOp
+from ..reduction import Reduction
 
 # Chunk of one source that the algorithms reduce at a time: with p sources plus the float32
 # accumulator this stays inside the 2 MiB L2 / 32 MiB L3 of the machines we measured on,
@@ -274,20 +275,19 @@ def _widened(src: np.ndarray, dtype: str, tmp: np.ndarray) -> np.ndarray:
     return src
 
 
-def reduce_chunks(out: np.ndarray, sources: Sequence[np.ndarray], dtype: str, op: ReduceOp,
-                  prescale: float, postscale: float, acc: np.ndarray,
-                  tmp: np.ndarray | None = None) -> None:
-    """Reduce equally long ``sources`` (storage type of ``dtype``) into ``out``.
+def reduce_chunks(out: np.ndarray, sources: Sequence[np.ndarray], how: Reduction,
+                  acc: np.ndarray, tmp: np.ndarray | None = None) -> None:
+    """Reduce equally long ``sources`` (storage type of ``how.dtype``) into ``out``.
 
     Args:
         out: result, storage type; may be the same memory as any source.
         sources: one chunk per rank, in the order they are combined (rank order).
-        dtype: logical element type name.
-        op: SUM, MIN, MAX or PRODUCT (Average arrives as SUM with a postscale).
-        prescale, postscale: factors fused into the pass.
+        how: element type, factors fused into the pass, and op: SUM, MIN, MAX or PRODUCT
+            (Average arrives as SUM with a postscale).
         acc: scratch of at least ``out.size`` elements of :func:`acc_dtype` (``dtype``).
         tmp: for float16/bfloat16, scratch float32 of at least ``out.size`` elements.
     """
+    dtype, op, prescale, postscale = how.dtype, how.op, how.prescale, how.postscale
     n = out.size
     if n == 0:
         return
@@ -331,7 +331,7 @@ def reduce_chunks(out: np.ndarray, sources: Sequence[np.ndarray], dtype: str, op
 def scale_into(out: np.ndarray, src: np.ndarray, dtype: str, factor: float,
                acc: np.ndarray, tmp: np.ndarray | None = None) -> None:
     """``out = factor * src`` with the reduction's rounding (a reduction of one source)."""
-    reduce_chunks(out, [src], dtype, ReduceOp.SUM, factor, 1.0, acc, tmp)
+    reduce_chunks(out, [src], Reduction(dtype, prescale=factor), acc, tmp)
 
 
 def widen_into(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> None:
@@ -366,7 +366,7 @@ def warm_up(dtypes: Sequence[str] = ("float32",)) -> None:
             acc = np.empty(4, dtype=acc_dtype(dtype))
             tmp = np.empty(4, dtype=np.float32)
             for op in (ReduceOp.SUM, ReduceOp.MIN):
-                reduce_chunks(x.copy(), [x, x], dtype, op, 1.0, 2.0, acc, tmp)
+                reduce_chunks(x.copy(), [x, x], Reduction(dtype, 1.0, 2.0, op), acc, tmp)
 
 
 def warm_up_in_background(dtypes: Sequence[str] = LIKELY_DTYPES) -> threading.Thread:
