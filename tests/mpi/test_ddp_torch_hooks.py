@@ -202,3 +202,26 @@ def test_a_hook_without_a_group_is_refused_on_a_process_set(hvd, mpitrain_defaul
                 model.register_comm_hook(state, powersgd.powerSGD_hook)
     finally:
         hvd.remove_process_set(subset)
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+def test_cast_hooks_run_natively_with_the_bits_of_torchs_hook(mpitrain_default_group, name):
+    """torch's fp16/bf16_compress_hook with no group runs as the drop-in's CastHook: the same
+    parameters, bit for bit, as torch's own hook run through torch.distributed (a wrapper the
+    drop-in does not recognise), and the same 16-bit wire buffers step after step (torch's
+    hook makes a copy of the bucket and a new 16-bit tensor each step)."""
+    from mpitrain.torch.nn.parallel.comm_hooks import CastHook, TorchHook
+
+    hook = {"fp16": default.fp16_compress_hook, "bf16": default.bf16_compress_hook}[name]
+    native = DDP(make_model(seed=RANK), bucket_cap_mb=BUCKET_MB)
+    native.register_comm_hook(None, hook)
+    through_torch = DDP(make_model(seed=RANK), bucket_cap_mb=BUCKET_MB)
+    through_torch.register_comm_hook(None, lambda state, bucket: hook(state, bucket))
+    cast = native.reducer._comm_hook
+    assert isinstance(cast, CastHook) and isinstance(through_torch.reducer._comm_hook, TorchHook)
+    train_lockstep(native, through_torch, RANK, steps=2, rtol=0, atol=0)
+    wires = {i: w.data_ptr() for i, w in cast._wire.items()}
+    assert len(wires) == len(native.reducer.buckets) > 1
+    train_lockstep(native, through_torch, RANK, steps=2, rtol=0, atol=0)
+    assert {i: w.data_ptr() for i, w in cast._wire.items()} == wires
+    assert native.reducer.submitted_in_backward == len(native.reducer.buckets)

@@ -11,6 +11,7 @@ re-broadcast before each forward that follows a synchronised one, as torch does.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import itertools
 from collections.abc import Iterator
@@ -20,10 +21,14 @@ import torch
 from torch import nn
 
 from .... import collectives, runtime
-from ....process_sets import ProcessSet, global_process_set
+from ....process_sets import ProcessSet, global_process_set, set_id_of
 from .reducer import Reducer
 
-_instances = itertools.count()
+# Drop-ins numbered per process set: only a set's members build a drop-in over it, so one
+# job-wide count would drift apart between its members and the other ranks, and with it the
+# names of every later drop-in's collectives (a deadlock at the next one's construction).
+_instances: collections.defaultdict[int, itertools.count[int]] = \
+    collections.defaultdict(itertools.count)
 _MiB = 1024 * 1024
 
 
@@ -123,7 +128,9 @@ class DistributedDataParallel(nn.Module):
         self.static_graph = static_graph
         self.require_backward_grad_sync = True
         self._sync_buffers_next = True
-        self._tag = str(next(_instances))
+        set_id = set_id_of(process_group)
+        number = next(_instances[set_id])
+        self._tag = f"{number}" if set_id == 0 else f"set{set_id}.{number}"
         self._root = process_group.ranks[0] if process_group.ranks else 0
         self._check_devices(device_ids)
 

@@ -49,7 +49,7 @@ from .... import arrays, collectives, runtime
 from ....collectives import Handle
 from ....collectives.buckets import Bucket, gradient_buckets
 from ....process_sets import ProcessSet
-from .comm_hooks import CompressorHook, TorchHook, comm_hook_for
+from .comm_hooks import CastHook, CompressorHook, TorchHook, comm_hook_for
 
 
 def _tensors_in(obj: Any) -> Iterable[torch.Tensor]:
@@ -109,7 +109,7 @@ class Reducer:
         self._armed = False  # a synchronised forward ran; its backward must reduce
         self._callback_queued = False
         self.submitted_in_backward = 0  # buckets sent from hooks, before backward ended
-        self._comm_hook: CompressorHook | TorchHook | None = None
+        self._comm_hook: CompressorHook | CastHook | TorchHook | None = None
         # With a hook: the complete buckets, and those begun (in bucket order).
         self._hook_ready: set[int] = set()
         self._begun: list[Any] = []
@@ -178,7 +178,7 @@ class Reducer:
         if self._find_unused:
             raise ValueError("communication hooks are not supported with "
                              "find_unused_parameters=True in mpitrain's DistributedDataParallel")
-        self._comm_hook = comm_hook_for(state, hook, self._process_set)
+        self._comm_hook = comm_hook_for(state, hook, self._process_set, self._tag)
 
     def _submit(self, bucket: Bucket) -> None:
         if self._comm_hook is not None:
