@@ -21,7 +21,7 @@ def bounded(read: Callable[[str], N], noun: str, low: N, *, strict: bool = False
     """An argparse ``type`` reading a number with ``read`` that is at least ``low`` (above it
     when ``strict``); ``noun`` names what the text should have been (``"an integer"``) and
     ``unit`` follows the bound in the message (``"> 0 seconds"``)."""
-    bound = f"{'>' if strict else '>='} {low}{unit}"
+    bound = f"{'>' if strict else '>='} {low:g}{unit}"  # 0, not 0.0, for a float
 
     def parse(text: str) -> N:
         try:
@@ -38,4 +38,4 @@ def bounded(read: Callable[[str], N], noun: str, low: N, *, strict: bool = False
 
 pos_int = bounded(int, "an integer", 1)
 nonneg_int = bounded(int, "an integer", 0)
-nonneg_float = bounded(float, "a number", 0)
+nonneg_float = bounded(float, "a number", 0.0)

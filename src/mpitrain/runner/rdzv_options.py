@@ -44,7 +44,7 @@ _EXCLUSIVE = (("np", "-np", "the rendezvous starts --nnodes x --nproc-per-node p
 
 
 # torchrun's timeouts: a wait of no time would fail every join at once.
-_seconds = bounded(float, "a number of seconds", 0, strict=True, unit=" seconds")
+_seconds = bounded(float, "a number of seconds", 0.0, strict=True, unit=" seconds")
 
 
 def _nnodes(text: str) -> int:
