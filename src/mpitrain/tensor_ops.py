@@ -189,3 +189,15 @@ def grouped_reducescatter(
         *[p[0] for p in pairs],
     )
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+
+
+__all__ = [
+    "allgather",
+    "allreduce",
+    "alltoall",
+    "broadcast",
+    "grouped_allgather",
+    "grouped_allreduce",
+    "grouped_reducescatter",
+    "reducescatter",
+]

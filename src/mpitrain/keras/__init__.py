@@ -23,27 +23,8 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover - depends on KER
 from ..collectives import Adasum, Average, Sum, start_timeline, stop_timeline
 from ..compression import Compressor
 from ..process_sets import ProcessSet, global_process_set
-from ..runtime import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    size,
-)
-from ..session import shutdown
-from ..tensorflow.basics import init
+from ..tensorflow import basics
+from ..tensorflow.basics import *  # noqa: F403 - init, shutdown and the queries: basics.__all__
 from ..tensorflow.compression import Compression
 from ..tensorflow.keras import DistributedOptimizer as _KerasDistributedOptimizer
 from ..tensorflow.keras import values as _values
@@ -128,6 +109,7 @@ def reducescatter(value: Any, name: str | None = None, op: Any = Average) -> Any
 
 
 __all__ = [
+    *basics.__all__,
     "Adasum",
     "Average",
     "Compression",
@@ -138,28 +120,8 @@ __all__ = [
     "allreduce",
     "broadcast",
     "callbacks",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
     "elastic",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
-    "init",
-    "is_initialized",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "rank",
     "reducescatter",
-    "rocm_built",
-    "shutdown",
-    "size",
     "start_timeline",
     "stop_timeline",
 ]

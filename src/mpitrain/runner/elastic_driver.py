@@ -23,22 +23,21 @@ Why a restart and not spawning into the running job: see
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import elastic_control
 from .discovery import Blacklist, DiscoveryError, order_hosts, place
 from .hosts import HostSlots
+from .signals import forwarding_signals
 
 # How launchers name a rank that failed.  Open MPI: "process rank 1 with PID 9 on node vm
 # exited on signal 9" (a signal), or "Process name: [prterun-vm-9@1,1]" (an exit status; the
@@ -316,29 +315,9 @@ class _Tee:
         return "".join(self._chunks)
 
 
-@contextlib.contextmanager
-def forwarding_signals(proc: Any) -> Iterator[None]:
-    """Pass SIGINT/SIGTERM on to the launched job while it runs (so Ctrl-C reaches every
-    rank through mpirun, which then ends the job cleanly)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield  # signal handlers can only be set from the main thread
-        return
-
-    def forward(signum: int, _frame: Any) -> None:
-        proc.send_signal(signum)
-
-    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-
-
 def layout_string(layout: Sequence[HostSlots]) -> str:
     """``node1:2,node2:2``, the -H form."""
     return ",".join(f"{h.host}:{h.slots}" for h in layout)
 
 
-__all__ = ["DriverOptions", "ElasticDriver", "failed_ranks", "forwarding_signals", "host_of_rank",
-           "layout_string"]
+__all__ = ["DriverOptions", "ElasticDriver", "failed_ranks", "host_of_rank", "layout_string"]

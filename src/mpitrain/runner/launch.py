@@ -30,7 +30,7 @@ from .. import horovod_compat
 from . import allocation, build_info, horovodrun_flags, rdzv_launch
 from .discovery import Blacklist, DiscoveryError, DiscoveryScript
 from .discovery import place as place_on_hosts
-from .elastic_driver import DriverOptions, ElasticDriver, forwarding_signals, layout_string
+from .elastic_driver import DriverOptions, ElasticDriver, layout_string
 from .hosts import HostfileError, HostSlots
 from .interpreter import missing_script, python_note
 from .launch_options import build_parser, check_elastic, elastic_requested
@@ -39,6 +39,7 @@ from .launcher_report import LauncherWatch, lost_daemon_message
 from .mpi_command import Flavor, detect_flavor, find_launcher
 from .rdzv_options import RendezvousOptions, rendezvous_options
 from .rdzv_wire import SECRET_VARIABLE
+from .signals import forwarding_signals
 
 
 def _cores() -> int:

@@ -15,39 +15,10 @@ from collections.abc import Mapping, Sequence
 from .. import config
 from ..version import __version__
 from . import horovodrun_flags
+from .arg_numbers import nonneg_float, nonneg_int, pos_int
 from .rdzv_options import add_rendezvous_options
 
 _NAMES = {var.field: var.name for var in config.VARIABLES}
-
-
-def _nonneg_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
-
-
-def _pos_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
                "on this machine, whose slots are its cores (give -H localhost:N to run more).")
     parser.add_argument("--version", action="version", version=f"mpitrain {__version__}")
     where = parser.add_argument_group("processes and hosts")
-    where.add_argument("-np", "--num-proc", dest="np", type=_pos_int, metavar="N",
+    where.add_argument("-np", "--num-proc", dest="np", type=pos_int, metavar="N",
                        help="number of processes (ranks) to start")
     hosts = where.add_mutually_exclusive_group()
     hosts.add_argument("-H", "--hosts", metavar="HOST[:SLOTS],...",
@@ -83,7 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
                        help="hostfile in Open MPI ('host slots=N'), MPICH ('host:N') or "
                             "one-line-per-slot form (see mpitrain-hostfile)")
     where.add_argument("-npernode", "--npernode", "--slots-per-host", dest="npernode",
-                       type=_pos_int, metavar="K",
+                       type=pos_int, metavar="K",
                        help="run K processes on each host, whatever slots the host list gives")
     where.add_argument("--network-interface", metavar="IF",
                        help="interface (or Open MPI subnet) for MPI traffic, e.g. eth0 or "
@@ -100,13 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
                             "--mpi-args='--oversubscribe' (with '=') when it starts with '-'")
 
     tuning = parser.add_argument_group("mpitrain settings (passed to every rank)")
-    tuning.add_argument("--fusion-threshold-mb", type=_nonneg_float, metavar="MB",
+    tuning.add_argument("--fusion-threshold-mb", type=nonneg_float, metavar="MB",
                         help="fused bucket size in MiB; 0 disables fusion")
-    tuning.add_argument("--cycle-time-ms", type=_nonneg_float, metavar="MS",
+    tuning.add_argument("--cycle-time-ms", type=nonneg_float, metavar="MS",
                         help="milliseconds between negotiation cycles")
-    tuning.add_argument("--cache-capacity", type=_nonneg_int, metavar="N",
+    tuning.add_argument("--cache-capacity", type=nonneg_int, metavar="N",
                         help="negotiated requests remembered; 0 disables the cache")
-    tuning.add_argument("--streams", type=_pos_int, metavar="N",
+    tuning.add_argument("--streams", type=pos_int, metavar="N",
                         help="parallel channels a large allreduce is split across")
     tuning.add_argument("--hierarchical-allreduce", action="store_true",
                         help="prefer the hierarchical allreduce across nodes")
@@ -126,11 +97,11 @@ def build_parser() -> argparse.ArgumentParser:
                         help="mark every negotiation cycle in the timeline")
     tuning.add_argument("--no-stall-check", action="store_true",
                         help="turn the stall inspector off")
-    tuning.add_argument("--stall-check-warning-time-seconds", type=_nonneg_float, metavar="S",
+    tuning.add_argument("--stall-check-warning-time-seconds", type=nonneg_float, metavar="S",
                         help="warn when ranks have waited S seconds for the others")
-    tuning.add_argument("--stall-check-shutdown-time-seconds", type=_nonneg_float,
+    tuning.add_argument("--stall-check-shutdown-time-seconds", type=nonneg_float,
                         metavar="S", help="end the job after S seconds of stall (0: never)")
-    tuning.add_argument("--start-timeout", type=_nonneg_float, metavar="S",
+    tuning.add_argument("--start-timeout", type=nonneg_float, metavar="S",
                         help="every rank must reach init() within S seconds of its start, "
                              "else the job ends naming the ranks that did not (default: no "
                              "limit; MPITRAIN_START_TIMEOUT)")
@@ -139,13 +110,13 @@ def build_parser() -> argparse.ArgumentParser:
                              "channels during the first steps, then keep the best")
     tuning.add_argument("--autotune-log-file", metavar="FILE",
                         help="with --autotune: rank 0 writes one CSV row per sample to FILE")
-    tuning.add_argument("--autotune-warmup-samples", type=_nonneg_int, metavar="N",
+    tuning.add_argument("--autotune-warmup-samples", type=nonneg_int, metavar="N",
                         help="with --autotune: samples discarded before the first trial "
                              "(default 3)")
-    tuning.add_argument("--autotune-steps-per-sample", type=_pos_int, metavar="N",
+    tuning.add_argument("--autotune-steps-per-sample", type=pos_int, metavar="N",
                         help="with --autotune: training steps per sample (default 10)")
     tuning.add_argument("--autotune-bayes-opt-max-samples", "--autotune-max-samples",
-                        dest="autotune_max_samples", type=_pos_int, metavar="N",
+                        dest="autotune_max_samples", type=pos_int, metavar="N",
                         help="with --autotune: settings tried before the best is frozen "
                              "(default 20)")
     tuning.add_argument("--log-level", choices=("TRACE", "DEBUG", "INFO", "WARNING", "ERROR",
@@ -158,12 +129,12 @@ def build_parser() -> argparse.ArgumentParser:
         "elastic training (hvd.elastic): with Open MPI 5 the survivors of a lost rank continue "
         "in place (these add --with-ft ulfm); with another MPI, or --elastic-restart, the job "
         "is restarted from its last commit, which rank 0 writes to a state file")
-    elastic.add_argument("--min-np", type=_pos_int, metavar="N",
+    elastic.add_argument("--min-np", type=pos_int, metavar="N",
                          help="end the job when fewer than N ranks survive a failure")
-    elastic.add_argument("--max-np", type=_pos_int, metavar="N",
+    elastic.add_argument("--max-np", type=pos_int, metavar="N",
                          help="with --host-discovery-script: grow the job up to N ranks when "
                               "hosts are added (default: -np); without it N must equal -np")
-    elastic.add_argument("--reset-limit", type=_nonneg_int, metavar="N",
+    elastic.add_argument("--reset-limit", type=nonneg_int, metavar="N",
                          help="end the job after N recoveries (0: no limit); in restart mode, "
                               "restart at most N times (default 3)")
     elastic.add_argument("--elastic-restart", action="store_true",
@@ -180,18 +151,18 @@ def build_parser() -> argparse.ArgumentParser:
                               "are added (or one in use is removed) the job stops at its next "
                               "commit and is restarted on them from that commit; hosts where "
                               "a rank failed are blacklisted")
-    elastic.add_argument("--slots", type=_pos_int, default=1, metavar="N",
+    elastic.add_argument("--slots", type=pos_int, default=1, metavar="N",
                          help="slots of a host the discovery script lists without ':slots' "
                               "(default 1)")
-    elastic.add_argument("--blacklist-cooldown-range", nargs=2, type=_nonneg_int,
+    elastic.add_argument("--blacklist-cooldown-range", nargs=2, type=nonneg_int,
                          metavar=("A", "B"),
                          help="use a blacklisted host again after a cooldown: about A seconds "
                               "after its first failure, doubling with each further one, at "
                               "most B (default: never again)")
-    elastic.add_argument("--elastic-timeout", type=_nonneg_float, default=600.0, metavar="S",
+    elastic.add_argument("--elastic-timeout", type=nonneg_float, default=600.0, metavar="S",
                          help="wait at most S seconds for --min-np slots to be available "
                               "(default 600)")
-    elastic.add_argument("--discovery-interval", type=_nonneg_float, default=1.0, metavar="S",
+    elastic.add_argument("--discovery-interval", type=nonneg_float, default=1.0, metavar="S",
                          help="seconds between runs of the discovery script (default 1)")
 
     add_rendezvous_options(parser)

@@ -21,7 +21,6 @@ this agent:
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import queue
 import shlex
@@ -31,8 +30,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
 
 from .launcher_report import LauncherWatch
 from .mpi_command import Flavor
@@ -42,6 +40,7 @@ from .rdzv_server import RendezvousServer
 from .rdzv_session import kill_session
 from .rdzv_shell import RemoteShell
 from .rdzv_wire import SECRET_VARIABLE, secret_from
+from .signals import on_signals
 
 # When a node is lost, the MPI launcher usually notices too and ends the job itself, which is
 # the cleanest end; it gets this long before SIGTERM, and as long again before SIGKILL.
@@ -121,19 +120,6 @@ def serves(opts: RendezvousOptions) -> bool:
     return opts.node_rank == 0 or is_local_address(opts.host)
 
 
-@contextlib.contextmanager
-def _on_signals(handler: Callable[[int], None]) -> Iterator[None]:
-    def call(signum: int, _frame: Any) -> None:
-        handler(signum)
-
-    previous = {s: signal.signal(s, call) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for s, old in previous.items():
-            signal.signal(s, old)
-
-
 def run(opts: RendezvousOptions, environ: Mapping[str, str], flavor: Flavor,
         plan_argv: Callable[[str, int, str], list[str]], elastic: bool, verbose: bool,
         log: Callable[[str], None] = _log_to_stderr) -> int:
@@ -165,7 +151,7 @@ def run(opts: RendezvousOptions, environ: Mapping[str, str], flavor: Flavor,
         agent.stop(f"stopped by {signal.Signals(signum).name}", 128 + signum)
 
     try:
-        with _on_signals(stop):
+        with on_signals(stop):
             assignment = agent.join()
     except RendezvousFailed as exc:
         log(str(exc))
@@ -181,7 +167,7 @@ def run(opts: RendezvousOptions, environ: Mapping[str, str], flavor: Flavor,
         log(f"the job's output appears on {assignment.name(assignment.launcher)}, which runs "
             "the MPI launcher")
         try:
-            with _on_signals(stop):
+            with on_signals(stop):
                 code = agent.serve()
         except RendezvousFailed as exc:
             log(str(exc))
@@ -229,7 +215,7 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
             events.put((None, None))
 
         threading.Thread(target=exited, name="rdzv-launcher-wait", daemon=True).start()
-        with _on_signals(forward):
+        with on_signals(forward):
             while True:
                 who, why = events.get()
                 if who is None:

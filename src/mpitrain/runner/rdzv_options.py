@@ -13,6 +13,7 @@ import argparse
 import ipaddress
 from dataclasses import dataclass
 
+from .arg_numbers import bounded, nonneg_int, pos_int
 from .rdzv_link import DEFAULT_HEARTBEAT_TIMEOUT_S
 
 DEFAULT_PORT = 29400  # torchrun's
@@ -42,14 +43,8 @@ _EXCLUSIVE = (("np", "-np", "the rendezvous starts --nnodes x --nproc-per-node p
                "the daemons start through the agents, not ssh"))
 
 
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 1")
-    return value
+# torchrun's timeouts: a wait of no time would fail every join at once.
+_seconds = bounded(float, "a number of seconds", 0.0, strict=True, unit=" seconds")
 
 
 def _nnodes(text: str) -> int:
@@ -57,7 +52,7 @@ def _nnodes(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r}: torchrun's MIN:MAX node range does not apply, an MPI job's size is "
             "fixed when it starts; give the number of nodes")
-    return _count(text)
+    return pos_int(text)
 
 
 def _nproc(text: str) -> int:
@@ -65,27 +60,7 @@ def _nproc(text: str) -> int:
         raise argparse.ArgumentTypeError(
             f"{text!r}: give the number of processes per node (torchrun's {text!r} is not "
             "read here)")
-    return _count(text)
-
-
-def _index(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be >= 0")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"{text!r} must be > 0 seconds")
-    return value
+    return pos_int(text)
 
 
 def add_rendezvous_options(parser: argparse.ArgumentParser) -> None:
@@ -109,7 +84,7 @@ def add_rendezvous_options(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rdzv-id", "--rdzv_id", dest="rdzv_id", metavar="ID",
                        help=f"the job's id, the same on all its nodes (default {DEFAULT_ID!r}): "
                             "an agent of another id at the same endpoint is turned away")
-    group.add_argument("--node-rank", "--node_rank", dest="node_rank", type=_index,
+    group.add_argument("--node-rank", "--node_rank", dest="node_rank", type=nonneg_int,
                        metavar="R", help="this node's rank, 0..N-1 (default: the serving node "
                                          "is 0, the others follow by host name)")
     group.add_argument("--rdzv-timeout", "--rdzv_timeout", dest="rdzv_timeout", type=_seconds,

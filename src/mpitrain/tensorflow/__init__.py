@@ -29,30 +29,11 @@ from ..collectives import (
     stop_timeline,
 )
 from ..errors import HorovodInternalError, MpitrainInternalError
-from ..process_sets import ProcessSet, global_process_set
-from ..runtime import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    size,
-)
-from ..session import add_process_set, remove_process_set, shutdown
-from . import elastic, keras, util
-from .basics import init
+from ..process_sets import ProcessSet
+from ..runtime import is_homogeneous
+from ..session import add_process_set, remove_process_set
+from . import basics, elastic, keras, util
+from .basics import *  # noqa: F403 - init, shutdown and the queries: basics.__all__
 from .broadcast_ops import broadcast, grouped_broadcast
 from .compression import Compression
 from .distributed_optimizer import DistributedOptimizer
@@ -67,6 +48,7 @@ from .tape import DistributedGradientTape, PartialDistributedGradientTape
 from .util import executing_eagerly as _executing_eagerly  # noqa: F401 - Horovod's tests call hvd._executing_eagerly()
 
 __all__ = [
+    *basics.__all__,
     "Adasum",
     "Average",
     "BroadcastGlobalVariablesHook",
@@ -95,39 +77,19 @@ __all__ = [
     "broadcast_object",
     "broadcast_variables",
     "elastic",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_broadcast",
     "grouped_reducescatter",
-    "init",
     "is_homogeneous",
-    "is_initialized",
     "join",
     "keras",
-    "local_rank",
     "local_rank_op",
-    "local_size",
     "local_size_op",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
     "process_set_included_op",
-    "rank",
     "rank_op",
     "reducescatter",
     "remove_process_set",
-    "rocm_built",
-    "shutdown",
-    "size",
     "start_timeline",
     "stop_timeline",
     "size_op",

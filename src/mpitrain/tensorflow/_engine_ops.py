@@ -7,7 +7,7 @@ the public ops, so that it runs once, at the call or while tracing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -20,18 +20,25 @@ from . import _bridge
 from ._support import set_rank, set_size
 
 
+def _reduction(kind: str, grouped: Callable[..., list[np.ndarray]],
+               tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
+               name: str | None, process_set: ProcessSet, shapes: list[Any]) -> list[tf.Tensor]:
+    """One fused request of the front door's ``grouped`` reduction (allreduce or
+    reducescatter: the same arguments, different outputs' ``shapes``)."""
+    engine_name = _bridge.op_name(kind, name)
+
+    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
+        return grouped(list(arrays), name=engine_name, op=op, prescale_factor=pre,
+                       postscale_factor=post, process_set=process_set)
+
+    return _bridge.run(fn, tensors, [t.dtype for t in tensors], shapes, kind)
+
+
 def allreduce(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
               name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
     """Reduce the tensors together (one fused request); results keep the inputs' shapes."""
-    engine_name = _bridge.op_name("allreduce", name)
-
-    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        return collectives.grouped_allreduce(list(arrays), name=engine_name, op=op,
-                                             prescale_factor=pre, postscale_factor=post,
-                                             process_set=process_set)
-
-    return _bridge.run(fn, tensors, [t.dtype for t in tensors], [t.shape for t in tensors],
-                       "allreduce")
+    return _reduction("allreduce", collectives.grouped_allreduce, tensors, op, pre, post, name,
+                      process_set, [t.shape for t in tensors])
 
 
 def _gathered_shape(t: tf.Tensor) -> list[Any]:
@@ -104,13 +111,7 @@ def scattered_rows(rows: int | None, process_set: ProcessSet) -> int | None:
 def reducescatter(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float,
                   name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
     """Reduce the tensors together and keep this rank's block of rows of each."""
-    engine_name = _bridge.op_name("reducescatter", name)
-
-    def fn(*arrays: np.ndarray) -> list[np.ndarray]:
-        return collectives.grouped_reducescatter(list(arrays), name=engine_name, op=op,
-                                                 prescale_factor=pre, postscale_factor=post,
-                                                 process_set=process_set)
-
     shapes = [[scattered_rows(t.shape.as_list()[0], process_set)] + t.shape.as_list()[1:]
               if t.shape.rank else None for t in tensors]
-    return _bridge.run(fn, tensors, [t.dtype for t in tensors], shapes, "reducescatter")
+    return _reduction("reducescatter", collectives.grouped_reducescatter, tensors, op, pre,
+                      post, name, process_set, shapes)

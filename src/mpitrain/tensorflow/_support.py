@@ -53,6 +53,27 @@ def zeros_for_none(grads: Sequence[Any], like: Sequence[tf.Tensor]) -> list[tf.T
     return [tf.zeros_like(y) if g is None else g for g, y in zip(grads, like)]
 
 
+def with_gradient(run: Callable[[list[tf.Tensor]], list[tf.Tensor]],
+                  gradient: Callable[[list[tf.Tensor], list[tf.Tensor]], list[tf.Tensor]],
+                  tensors: list[tf.Tensor]) -> list[tf.Tensor]:
+    """``run(tensors)``, a collective over a list, with ``gradient(xs, dys)`` as its gradient
+    where the tensors are differentiable; ``dys`` has zeros for an unused output.  Otherwise
+    no ``tf.custom_gradient`` is built: integer tensors have no gradient to carry."""
+    if not differentiable(tensors):
+        return run(tensors)
+
+    @tf.custom_gradient
+    def forward(*xs: tf.Tensor) -> Any:
+        ys = run(list(xs))
+
+        def backward(*dys: Any) -> list[tf.Tensor]:
+            return gradient(list(xs), zeros_for_none(dys, ys))
+
+        return ys, backward
+
+    return list(forward(*tensors))
+
+
 def zeros_after(tensor: tf.Tensor) -> tf.Tensor:
     """Zeros shaped like ``tensor`` that are computed only after ``tensor``.
 

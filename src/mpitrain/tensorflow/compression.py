@@ -12,6 +12,7 @@ compressor passed to a TensorFlow op.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import tensorflow as tf
@@ -24,22 +25,34 @@ def _is_tf(tensor: Any) -> bool:
     return bool(tf.is_tensor(tensor)) or isinstance(tensor, tf.Variable)
 
 
+def _narrow(tensor: Any, shared: type[Compressor], wire: tf.DType,
+            casts: Callable[[tf.DType], bool]) -> tuple[Any, Any]:
+    """A TF tensor of a dtype ``casts`` accepts as ``wire``, its dtype the context; anything
+    else as ``shared`` (the numpy/torch compressor of the same name) compresses it."""
+    if not _is_tf(tensor):
+        return shared.compress(tensor)
+    if casts(tensor.dtype):
+        return tf.cast(tensor, wire), tensor.dtype
+    return tensor, tensor.dtype
+
+
+def _widen(tensor: Any, ctx: Any, shared: type[Compressor]) -> Any:
+    """Undo :func:`_narrow`: back to the dtype it had, where it was cast at all."""
+    if not _is_tf(tensor):
+        return shared.decompress(tensor, ctx)
+    return tf.cast(tensor, ctx) if ctx is not None and ctx != tensor.dtype else tensor
+
+
 class FP16Compressor(_shared.FP16Compressor):
     """Send floating TensorFlow tensors as float16 (numpy/torch: float32/float64 only)."""
 
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
-        if not _is_tf(tensor):
-            return _shared.FP16Compressor.compress(tensor)
-        if tensor.dtype.is_floating:
-            return tf.cast(tensor, tf.float16), tensor.dtype
-        return tensor, tensor.dtype
+        return _narrow(tensor, _shared.FP16Compressor, tf.float16, lambda d: d.is_floating)
 
     @staticmethod
     def decompress(tensor: Any, ctx: Any) -> Any:
-        if not _is_tf(tensor):
-            return _shared.FP16Compressor.decompress(tensor, ctx)
-        return tf.cast(tensor, ctx) if ctx is not None and ctx.is_floating else tensor
+        return _widen(tensor, ctx, _shared.FP16Compressor)
 
 
 class BF16Compressor(_shared.BF16Compressor):
@@ -47,17 +60,12 @@ class BF16Compressor(_shared.BF16Compressor):
 
     @staticmethod
     def compress(tensor: Any) -> tuple[Any, Any]:
-        if not _is_tf(tensor):
-            return _shared.BF16Compressor.compress(tensor)
-        if tensor.dtype in (tf.float32, tf.float64):
-            return tf.cast(tensor, tf.bfloat16), tensor.dtype
-        return tensor, tensor.dtype
+        return _narrow(tensor, _shared.BF16Compressor, tf.bfloat16,
+                       lambda d: d in (tf.float32, tf.float64))
 
     @staticmethod
     def decompress(tensor: Any, ctx: Any) -> Any:
-        if not _is_tf(tensor):
-            return _shared.BF16Compressor.decompress(tensor, ctx)
-        return tf.cast(tensor, ctx) if ctx is not None and ctx != tensor.dtype else tensor
+        return _widen(tensor, ctx, _shared.BF16Compressor)
 
 
 class Compression:

@@ -9,14 +9,13 @@ and scale factors.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 import tensorflow as tf
 
 from ..dtypes import ReduceOp, check_reduce_supported
 from ..process_sets import ProcessSet
 from . import _engine_ops
-from ._support import check_linear, differentiable, zeros_for_none
+from ._support import check_linear, with_gradient
 
 
 def check_scaled(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: float) -> None:
@@ -30,20 +29,14 @@ def check_scaled(tensors: Sequence[tf.Tensor], op: ReduceOp, pre: float, post: f
 def dense_allreduce(tensors: list[tf.Tensor], op: ReduceOp, pre: float, post: float,
                      name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
     """Reduce ``tensors`` as they are (compressed already, where asked) as one request."""
-    if not differentiable(tensors):
-        return _engine_ops.allreduce(tensors, op, pre, post, name, process_set)
+    def run(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        return _engine_ops.allreduce(xs, op, pre, post, name, process_set)
 
-    @tf.custom_gradient
-    def forward(*xs: tf.Tensor) -> Any:
-        ys = _engine_ops.allreduce(list(xs), op, pre, post, name, process_set)
+    def gradient(xs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
+        check_linear(op, "allreduce")
+        return dense_allreduce(dys, op, pre, post, None, process_set)
 
-        def backward(*dys: Any) -> list[tf.Tensor]:
-            check_linear(op, "allreduce")
-            return dense_allreduce(zeros_for_none(dys, ys), op, pre, post, None, process_set)
-
-        return ys, backward
-
-    return list(forward(*tensors))
+    return with_gradient(run, gradient, tensors)
 
 
 __all__ = ["check_scaled", "dense_allreduce"]

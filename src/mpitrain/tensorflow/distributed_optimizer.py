@@ -37,19 +37,9 @@ def DistributedOptimizer(optimizer: Any, name: str | None = None, use_locking: b
         optimizer: the optimizer to wrap.
         name: a name for the wrapper.
         use_locking: for ``tf.compat.v1`` optimizers, as in TensorFlow.
-        device_dense: accepted for Horovod compatibility.
-        device_sparse: accepted for Horovod compatibility.
-        compression: wire format for dense floating gradients.
-        sparse_as_dense: reduce ``tf.IndexedSlices`` gradients as dense tensors.
-        backward_passes_per_step: only 1 (see :func:`.gradients.check_one_pass`).
-        op: Average (default) or Sum.
-        gradient_predivide_factor: see :class:`GradientReducer`.
-        average_aggregated_gradients: accepted for Horovod compatibility (one pass).
-        num_groups: Horovod's deprecated spelling of ``groups``.
-        groups: accepted and checked for Horovod compatibility (one fused request per update).
-        process_set: the ranks taking part (default: all).
-        scale_local_gradients: divide the gradients of variables registered with
-            ``register_local_var`` by the set size.
+
+    The other arguments, for either kind of optimizer, are
+    :func:`mpitrain.tensorflow.keras.DistributedOptimizer`'s.
 
     Returns:
         The distributed optimizer.

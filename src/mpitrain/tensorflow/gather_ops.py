@@ -19,7 +19,7 @@ import tensorflow as tf
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of
 from . import _bridge, _engine_ops
-from ._support import differentiable, set_rank, set_size, zeros_for_none
+from ._support import differentiable, set_rank, set_size, with_gradient
 from ._support import not_converted as _not_converted
 from .dense_reduce import dense_allreduce
 
@@ -31,27 +31,21 @@ def _rows(t: tf.Tensor) -> tf.Tensor:
 
 def _allgather(tensors: list[tf.Tensor], name: str | None,
                process_set: ProcessSet) -> list[tf.Tensor]:
-    if not differentiable(tensors):
-        return _engine_ops.allgather(tensors, name, process_set)
+    def run(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        return _engine_ops.allgather(xs, name, process_set)
 
-    @tf.custom_gradient
-    def forward(*xs: tf.Tensor) -> Any:
-        ys = _engine_ops.allgather(list(xs), name, process_set)
+    def gradient(xs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
+        upstream = [tf.convert_to_tensor(g) for g in dys]
+        summed = dense_allreduce(upstream, ReduceOp.AVERAGE, 1.0, 1.0, None, process_set)
+        counts = _engine_ops.allgather([_rows(x) for x in xs], None, process_set)
+        me = set_rank(process_set)
+        grads = []
+        for x, g, c in zip(xs, summed, counts):
+            start = tf.reduce_sum(c[:me])
+            grads.append(tf.reshape(g[start:start + c[me]], tf.shape(x)))
+        return grads
 
-        def backward(*dys: Any) -> list[tf.Tensor]:
-            upstream = [tf.convert_to_tensor(g) for g in zeros_for_none(dys, ys)]
-            summed = dense_allreduce(upstream, ReduceOp.AVERAGE, 1.0, 1.0, None, process_set)
-            counts = _engine_ops.allgather([_rows(x) for x in xs], None, process_set)
-            me = set_rank(process_set)
-            grads = []
-            for x, g, c in zip(xs, summed, counts):
-                start = tf.reduce_sum(c[:me])
-                grads.append(tf.reshape(g[start:start + c[me]], tf.shape(x)))
-            return grads
-
-        return ys, backward
-
-    return list(forward(*tensors))
+    return with_gradient(run, gradient, tensors)
 
 
 @_not_converted

@@ -22,7 +22,7 @@ from ..compression import Compressor
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of
 from . import _bridge, _engine_ops, gather_ops
-from ._support import check_linear, differentiable, set_size, zeros_for_none
+from ._support import check_linear, set_size, with_gradient
 from ._support import not_converted as _not_converted
 from .compression import Compression, for_tensorflow
 from .dense_reduce import check_scaled, dense_allreduce
@@ -144,25 +144,18 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
 # -------------------------------------------------------------------------- reducescatter
 def _reducescatter(tensors: list[tf.Tensor], op: ReduceOp, pre: float, post: float,
                    name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
-    if not differentiable(tensors):
-        return _engine_ops.reducescatter(tensors, op, pre, post, name, process_set)
+    def run(xs: list[tf.Tensor]) -> list[tf.Tensor]:
+        return _engine_ops.reducescatter(xs, op, pre, post, name, process_set)
 
-    @tf.custom_gradient
-    def forward(*xs: tf.Tensor) -> Any:
-        ys = _engine_ops.reducescatter(list(xs), op, pre, post, name, process_set)
+    def gradient(xs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
+        check_linear(op, "reducescatter")
+        scale = pre * post * (set_size(process_set) if op == ReduceOp.SUM else 1.0)
+        if scale != 1.0:
+            dys = [g * tf.cast(scale, g.dtype) for g in dys]
+        gathered = gather_ops.grouped_allgather(dys, process_set=process_set)
+        return [tf.reshape(g, tf.shape(x)) for g, x in zip(gathered, xs)]
 
-        def backward(*dys: Any) -> list[tf.Tensor]:
-            check_linear(op, "reducescatter")
-            scale = pre * post * (set_size(process_set) if op == ReduceOp.SUM else 1.0)
-            grads = zeros_for_none(dys, ys)
-            if scale != 1.0:
-                grads = [g * tf.cast(scale, g.dtype) for g in grads]
-            gathered = gather_ops.grouped_allgather(grads, process_set=process_set)
-            return [tf.reshape(g, tf.shape(x)) for g, x in zip(gathered, xs)]
-
-        return ys, backward
-
-    return list(forward(*tensors))
+    return with_gradient(run, gradient, tensors)
 
 
 @_not_converted

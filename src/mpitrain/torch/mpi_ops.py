@@ -5,26 +5,8 @@ The functions are :mod:`mpitrain.tensor_ops`' (numpy arrays and torch tensors al
 for tensors that require grad, in :mod:`.autograd_ops`); the sparse allreduce is torch's own.
 """
 
-from ..tensor_ops import (
-    allgather,
-    allreduce,
-    alltoall,
-    broadcast,
-    grouped_allgather,
-    grouped_allreduce,
-    grouped_reducescatter,
-    reducescatter,
-)
+from .. import tensor_ops
+from ..tensor_ops import *  # noqa: F403 - the collectives: tensor_ops.__all__
 from .autograd_ops import sparse_allreduce_async
 
-__all__ = [
-    "allgather",
-    "allreduce",
-    "alltoall",
-    "broadcast",
-    "grouped_allgather",
-    "grouped_allreduce",
-    "grouped_reducescatter",
-    "reducescatter",
-    "sparse_allreduce_async",
-]
+__all__ = [*tensor_ops.__all__, "sparse_allreduce_async"]

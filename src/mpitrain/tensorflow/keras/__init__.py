@@ -15,28 +15,10 @@ from ...collectives import (
     start_timeline,
     stop_timeline,
 )
-from ...process_sets import ProcessSet, global_process_set
-from ...runtime import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    size,
-)
-from ...session import add_process_set, remove_process_set, shutdown
-from ..basics import init
+from ...process_sets import ProcessSet
+from ...session import add_process_set, remove_process_set
+from .. import basics
+from ..basics import *  # noqa: F403 - init, shutdown and the queries: basics.__all__
 from ..compression import Compression
 from ..functions import broadcast_variables
 from ..sync_batch_norm import SyncBatchNormalization
@@ -45,6 +27,7 @@ from .optimizer_keras3 import DistributedOptimizer
 from .values import allgather, allreduce, broadcast, reducescatter
 
 __all__ = [
+    *basics.__all__,
     "Average",
     "Compression",
     "DistributedOptimizer",
@@ -61,28 +44,8 @@ __all__ = [
     "elastic",
     "broadcast_variables",
     "callbacks",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
-    "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
-    "init",
-    "is_initialized",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "rank",
     "reducescatter",
     "remove_process_set",
-    "rocm_built",
-    "shutdown",
-    "size",
     "start_timeline",
     "stop_timeline",
 ]

@@ -50,80 +50,54 @@ class StateHandler:
         self.save()
 
 
-class ModelStateHandler(StateHandler):
-    """A module's parameters and buffers."""
+class StateDictHandler(StateHandler):
+    """A value with ``state_dict()``/``load_state_dict()``: a commit is a deep copy of its state
+    dict (a GPU tensor's copy stays on its device), a restore loads that copy back."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model)
-        self._saved_model_state = copy.deepcopy(model.state_dict())
+    def __init__(self, value: Any) -> None:
+        super().__init__(value)
+        self._saved_state = copy.deepcopy(value.state_dict())
 
     def save(self) -> None:
-        self._saved_model_state = copy.deepcopy(self.value.state_dict())
+        self._saved_state = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
-        self.value.load_state_dict(self._saved_model_state)
+        self.value.load_state_dict(self._saved_state)
+
+    def snapshot(self) -> Any:
+        return self._saved_state
+
+    def load_snapshot(self, saved: Any) -> None:
+        self._saved_state = saved
+        self.restore()
+
+
+class ModelStateHandler(StateDictHandler):
+    """A module's parameters and buffers."""
 
     def sync(self) -> None:
         broadcast_parameters(self.value.state_dict(), root_rank=0)
 
-    def snapshot(self) -> Any:
-        return self._saved_model_state
 
-    def load_snapshot(self, saved: Any) -> None:
-        self._saved_model_state = saved
-        self.restore()
-
-
-class OptimizerStateHandler(StateHandler):
+class OptimizerStateHandler(StateDictHandler):
     """An optimizer's state (moments, step counts) and hyper-parameters."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
-        super().__init__(optimizer)
-        self._saved_optimizer_state = copy.deepcopy(optimizer.state_dict())
-
-    def save(self) -> None:
-        self._saved_optimizer_state = copy.deepcopy(self.value.state_dict())
 
     def restore(self) -> None:
         abandon = getattr(self.value, "abandon_step", None)
         if abandon is not None:  # a DistributedOptimizer: drop the failed step's requests
             abandon()
-        self.value.load_state_dict(self._saved_optimizer_state)
+        super().restore()
 
     def sync(self) -> None:
         broadcast_optimizer_state(self.value, root_rank=0)
 
-    def snapshot(self) -> Any:
-        return self._saved_optimizer_state
 
-    def load_snapshot(self, saved: Any) -> None:
-        self._saved_optimizer_state = saved
-        self.restore()
-
-
-class SamplerStateHandler(StateHandler):
+class SamplerStateHandler(StateDictHandler):
     """An ElasticSampler's epoch and processed count (re-dealt over the ranks on load)."""
-
-    def __init__(self, sampler: ElasticSampler) -> None:
-        super().__init__(sampler)
-        self._saved_sampler_state = copy.deepcopy(sampler.state_dict())
-
-    def save(self) -> None:
-        self._saved_sampler_state = copy.deepcopy(self.value.state_dict())
-
-    def restore(self) -> None:
-        self.value.load_state_dict(self._saved_sampler_state)
 
     def sync(self) -> None:
         # Loading re-deals the remaining samples over today's ranks, on rank 0 too.
         self.value.load_state_dict(broadcast_object(self.value.state_dict()))
-
-    def snapshot(self) -> Any:
-        return self._saved_sampler_state
-
-    def load_snapshot(self, saved: Any) -> None:
-        self._saved_sampler_state = saved
-        self.restore()
 
 
 _handler_registry: list[tuple[type, type[StateHandler]]] = [
@@ -209,5 +183,5 @@ class TorchState(ObjectState):
         super().__setattr__(name, value)
 
 
-__all__ = ["ModelStateHandler", "OptimizerStateHandler", "SamplerStateHandler", "StateHandler",
-           "TorchState", "get_handler_registry", "set_handler_registry"]
+__all__ = ["ModelStateHandler", "OptimizerStateHandler", "SamplerStateHandler", "StateDictHandler",
+           "StateHandler", "TorchState", "get_handler_registry", "set_handler_registry"]
