@@ -300,6 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-shape", action="store_true", help="leave the links unshaped")
     parser.add_argument("--name", default="mtstep", help="cluster name")
     parser.add_argument("--json", help="also write every step's time here")
+    parser.add_argument("--log", help="also write the job's stderr here (with "
+                        "MPITRAIN_LOG_LEVEL=INFO: auto's calibration decisions)")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -321,6 +323,8 @@ def main(argv: list[str] | None = None) -> int:
         result = subprocess.run(cluster.launch_argv(args.hosts * args.slots, command),
                                 env=launch_env(), capture_output=True, text=True, timeout=7200)
         shaped = dict(cluster.shaped)
+    if args.log:
+        Path(args.log).write_text(result.stderr)
     lines = [line for line in result.stdout.splitlines() if line.startswith("BENCH ")]
     if result.returncode != 0 or not lines:
         print(result.stdout[-4000:] + result.stderr[-4000:], file=sys.stderr)

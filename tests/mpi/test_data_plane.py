@@ -325,14 +325,17 @@ def test_a_second_run_starts_from_the_cached_choices(tmp_path_factory, monkeypat
     # Two "runs" (fresh groups) sharing a cache file: the first calibrates and records its
     # decision, the second starts decided (no trials) and runs the same algorithm.  The link
     # probe is pinned: on 3 ranks over 2 busy cores it moved by more than the tolerance
-    # between the runs (the real probe's agreement is unit-tested).
+    # between the runs (the real probe's agreement is unit-tested), and so is the check of a
+    # given choice against its stored time (unit-tested too): it runs, and keeps the choice.
     import dataclasses
 
+    from mpitrain.ops import calibration as calibration_mod
     from mpitrain.ops import calibration_cache
     from mpitrain.ops.calibration import calls_to_decide
 
     where = WORLD.bcast(str(tmp_path_factory.mktemp("cache")) if RANK == 0 else None, root=0)
     monkeypatch.setattr(calibration_cache, "link_probe", lambda group: 1234.0)
+    monkeypatch.setattr(calibration_mod, "CHECK_TOLERANCE", 1e9)
     cfg = dataclasses.replace(config_mod.load(), calibration_cache=f"{where}/choices.json")
     n = (8 << 20) // 4
     send = values(RANK, n, "float32", ReduceOp.SUM)
@@ -352,6 +355,7 @@ def test_a_second_run_starts_from_the_cached_choices(tmp_path_factory, monkeypat
             key = calibration.size_class(send.nbytes)
             decisions.append(calibration.decided[key])
             assert (key in calibration.trials) == (run == 0)
+            assert (key in calibration.checks) == (run == 1)
         finally:
             g.close()
     assert decisions[0] == decisions[1]

@@ -224,3 +224,60 @@ def test_cached_choices_hold_on_the_same_link_and_not_on_another(tmp_path):
     assert cache.load(group, sig, 4000.0) == {}
     assert cache.same_link(1.0, 2.0) and cache.same_link(2.0, 1.0)
     assert not cache.same_link(1.0, 2.01) and not cache.same_link(0.0, 1.0)
+
+
+def test_cached_choices_keep_the_time_they_were_decided_with(tmp_path):
+    from mpitrain.ops import calibration_cache as cache
+
+    group, sig = cache_group(tmp_path / "c.json"), "layout"
+    cache.store(group, sig, 1000.0, (False, 25), "mpi", 0.30)
+    cache.store(group, sig, 1000.0, (True, 25), "hierarchical")  # an older writer: no time
+    assert cache.load(group, sig, 1000.0) == {(False, 25): "mpi", (True, 25): "hierarchical"}
+    assert cache.load_times(group, sig, 1000.0) == {(False, 25): 0.30}
+    assert cache.load_times(group, sig, 4100.0) == {}  # another link: no choices, no times
+    cache.store(group, sig, 1000.0, (False, 25), "hierarchical", 0.09)
+    assert cache.load_times(group, sig, 1000.0) == {(False, 25): 0.09}
+
+
+def given(choice: str, decided_s: float, verbose: bool = False):
+    """A calibration that starts from an earlier run's ``choice`` and the time it took then."""
+    now = [0.0]
+    calibration = Calibration(("mpi", "hierarchical", "ring"), clock=lambda: now[0],
+                              verbose=verbose)
+    key = Calibration.size_class(32 << 20)
+    calibration.decided[key] = choice
+    calibration.expected[key] = decided_s
+    return calibration, now
+
+
+@pytest.mark.parametrize("took", [[0.31, 0.29], [0.45, 0.33], [0.25, 0.24]])
+def test_a_given_choice_that_takes_its_time_is_kept(took):
+    calibration, now = given("mpi", 0.30)
+    for t in took:
+        assert calibration.checking(32 << 20)
+        calibration.run_check(SlowestRankComm(), 32 << 20,
+                              lambda t=t: now.__setitem__(0, now[0] + t))
+    assert not calibration.checking(32 << 20)
+    assert calibration.choice(32 << 20) == "mpi"
+
+
+@pytest.mark.parametrize("took", [[0.21, 0.20], [0.6, 0.5]])
+def test_a_given_choice_that_takes_another_time_is_calibrated_again(took, capsys):
+    """The 1 Gbit/s cluster's MPI's own (0.30 s at 32 MiB) run on unshaped veth (0.20 s,
+    where hierarchical takes 0.09 s): a link the probe did not tell apart."""
+    calibration, now = given("mpi", 0.30, verbose=True)
+    for t in took:
+        calibration.run_check(SlowestRankComm(), 32 << 20,
+                              lambda t=t: now.__setitem__(0, now[0] + t))
+    assert calibration.choice(32 << 20) is None  # the next calls are trials
+    assert "no longer" in capsys.readouterr().err
+    assert calibration.next_trial(32 << 20) == "mpi"
+
+
+def test_the_check_uses_the_slowest_rank(capsys):
+    # Fast here, slow on another rank: every rank sees the slow time and forgets alike.
+    calibration, now = given("mpi", 0.30)
+    for _ in range(2):
+        calibration.run_check(SlowestRankComm(slowest_elsewhere=0.6), 32 << 20,
+                              lambda: now.__setitem__(0, now[0] + 0.3))
+    assert calibration.choice(32 << 20) is None

@@ -243,6 +243,11 @@ def allreduce(group: Group, send: np.ndarray, recv: np.ndarray, how: Reduction,
                 group, trial, send, recv, how, streams), narrow)
             return
         algo = _ROWS[decided]
+        if calibration.checking(nbytes, narrow):
+            given = algo
+            calibration.run_check(group.comm, nbytes, lambda: _run_row(
+                group, given, send, recv, how, streams), narrow)
+            return
     _run_row(group, algo, send, recv, how, streams)
 
 
@@ -286,13 +291,16 @@ def _new_calibration(group: Group, contenders: tuple[str, ...]) -> Calibration:
         return calibration
     sig = calibration_cache.signature(group)
     link_us = calibration_cache.link_probe(group)
+    times = calibration_cache.load_times(group, sig, link_us)
     for key, choice in calibration_cache.load(group, sig, link_us).items():
-        if choice in contenders:
+        # Without the time it was decided with, a choice cannot be checked: decide again.
+        if choice in contenders and key in times:
             calibration.decided[key] = choice
+            calibration.expected[key] = times[key]
             if verbose:
                 sys.stderr.write(calibration.describe(key) + "\n")
-    calibration.on_settle = lambda key, choice: calibration_cache.store(group, sig, link_us, key,
-                                                                         choice)
+    calibration.on_settle = lambda key, choice, seconds: calibration_cache.store(
+        group, sig, link_us, key, choice, seconds)
     return calibration
 
 

@@ -27,7 +27,8 @@ whose first trial takes more than :data:`PRUNE` times the best median so far run
 trials (its one time already rules it out), and the second look lets the provisional choice
 go first and stops MPI's own after one call when both its first-round median and that call are
 :data:`PRUNE` times slower.  Decisions are kept across runs (:mod:`.calibration_cache`): a job
-started again on the same layout and link starts with them and runs no trials.
+started again on the same layout and link starts with them and runs no trials, only a check
+of each on its first ``CHECK_CALLS`` calls against the time it was decided with.
 
 Used only across several nodes, from ``algorithms.CALIBRATION_MIN_BYTES`` up (16-bit buffers
 from ``NARROW_CALIBRATION_BYTES``); one node keeps the measured table, where shared memory wins
@@ -55,6 +56,14 @@ TRIALS = 3
 # and a near tie in three trials is not worth that risk; MPI's own is the bar auto must not
 # fall under.
 MARGIN = 0.10
+# A choice an earlier run left is checked on this job's first calls of its size class (the
+# fastest of them: the first also pays for setting the algorithm up) against the time it took
+# when it was decided; beyond this factor either way the link is not the one it was decided
+# on (a 2 MiB probe told unshaped veth from a 1 Gbit/s link by less than 2x on 2 cores, and
+# the 1 Gbit/s cluster's choice of MPI's own ran unshaped at 0.46x hierarchical's speed),
+# so the class is calibrated again.
+CHECK_CALLS = 2
+CHECK_TOLERANCE = 1.3
 # A contender this many times slower than the best so far is out after one trial: the trials
 # are real training steps, and three calls of an algorithm that plainly loses are a tax.
 PRUNE = 1.5
@@ -81,8 +90,13 @@ class Calibration:
     provisional: dict[Key, str] = field(default_factory=dict)
     # Trials of the first round, once it is over (the second look's come after them).
     first_round: dict[Key, int] = field(default_factory=dict)
-    # Told every decision made by trials (not those given at the start): the cache's writer.
-    on_settle: Callable[[Key, str], None] | None = None
+    # Told every decision made by trials (not those given at the start), with the chosen
+    # contender's median trial time in seconds: the cache's writer.
+    on_settle: Callable[[Key, str, float], None] | None = None
+    # Choices given at the start with the time they took when decided (seconds): checked on
+    # the first calls of their class (see CHECK_TOLERANCE), then dropped from here.
+    expected: dict[Key, float] = field(default_factory=dict)
+    checks: dict[Key, list[float]] = field(default_factory=dict)
 
     @staticmethod
     def size_class(nbytes: int, narrow: bool = False) -> tuple[bool, int]:
@@ -94,6 +108,34 @@ class Calibration:
     def choice(self, nbytes: int, narrow: bool = False) -> str | None:
         """The decided algorithm for this size, or None while it is still being measured."""
         return self.decided.get(self.size_class(nbytes, narrow))
+
+    def checking(self, nbytes: int, narrow: bool = False) -> bool:
+        """Whether the next call of this size runs a given choice under its check."""
+        return self.size_class(nbytes, narrow) in self.expected
+
+    def run_check(self, comm: Any, nbytes: int, allreduce: Callable[[], None],
+                  narrow: bool = False) -> None:
+        """Run ``allreduce`` (the given choice) timed; collective over ``comm``.  After
+        ``CHECK_CALLS`` calls, a choice whose fastest call is not within ``CHECK_TOLERANCE``
+        of the time it was decided with is forgotten: the next calls are trials.  Every rank
+        sees the same slowest-rank times, so all forget it or none."""
+        key = self.size_class(nbytes, narrow)
+        start = self.clock()
+        allreduce()
+        slowest = float(comm.allreduce(self.clock() - start, op=MPI.MAX))
+        times = self.checks.setdefault(key, [])
+        times.append(slowest)
+        if len(times) < CHECK_CALLS:
+            return
+        expected = self.expected.pop(key)
+        ratio = min(times) / expected
+        if 1 / CHECK_TOLERANCE <= ratio <= CHECK_TOLERANCE:
+            return
+        choice = self.decided.pop(key)
+        if self.verbose:
+            sys.stderr.write(f"{self._head(key, choice)} no longer: it took "
+                             f"{min(times) * 1e3:.1f} ms, {ratio:.2f}x the "
+                             f"{expected * 1e3:.1f} ms it was chosen with; calibrating again\n")
 
     def next_trial(self, nbytes: int, narrow: bool = False) -> str:
         """The contender the next allreduce of this size class runs (``TRIALS`` in a row,
@@ -156,26 +198,25 @@ class Calibration:
         # Decided in order of preference (MPI's own first), whatever order the calls ran in.
         choice = self._decide(trials, (self.contenders[0], self.provisional[key])
                               if key in self.first_round else self.contenders)
+        seconds = statistics.median(t for n, t in trials if n == choice)
         if key in self.first_round:
-            self._settle(key, choice)
+            self._settle(key, choice, seconds)
         elif choice == self.contenders[0]:
             self.first_round[key] = len(self.trials[key])
-            self._settle(key, choice)
+            self._settle(key, choice, seconds)
         else:
             self.first_round[key] = len(self.trials[key])
             self.provisional[key] = choice
 
-    def _settle(self, key: Key, choice: str) -> None:
+    def _settle(self, key: Key, choice: str, seconds: float) -> None:
         self.decided[key] = choice
         if self.on_settle is not None:
-            self.on_settle(key, choice)
+            self.on_settle(key, choice, seconds)
         if self.verbose:
             sys.stderr.write(self.describe(key) + "\n")
 
     def describe(self, key: Key) -> str:
         """One line: the size class, what it runs and the trial medians that chose it."""
-        narrow, bits = key
-        low, high = (1 << (bits - 1)) if bits else 0, 1 << bits
         first = self.first_round.get(key, len(self.trials.get(key, [])))
 
         def medians(trials: list[tuple[str, float]], names: tuple[str, ...]) -> str:
@@ -184,8 +225,7 @@ class Calibration:
                                        else " (cut short)")
                              for c in names if any(n == c for n, _ in trials))
 
-        head = (f"mpitrain: auto across nodes: allreduces of {_size(low)}-{_size(high)}"
-                f"{' (16-bit)' if narrow else ''} run {self.decided[key]}")
+        head = self._head(key, self.decided[key])
         if key not in self.trials:
             return head + " (decided by an earlier run: see MPITRAIN_CALIBRATION_CACHE)"
         again = self.provisional.get(key)
@@ -193,6 +233,13 @@ class Calibration:
                   if again and len(self.trials[key]) > first else "")
         return (f"{head} (median of up to {TRIALS} trials, slowest rank: "
                 f"{medians(self.trials[key][:first], self.contenders)}{second})")
+
+    @staticmethod
+    def _head(key: Key, choice: str) -> str:
+        narrow, bits = key
+        low, high = (1 << (bits - 1)) if bits else 0, 1 << bits
+        return (f"mpitrain: auto across nodes: allreduces of {_size(low)}-{_size(high)}"
+                f"{' (16-bit)' if narrow else ''} run {choice}")
 
     @staticmethod
     def _decide(trials: list[tuple[str, float]], contenders: tuple[str, ...]) -> str:

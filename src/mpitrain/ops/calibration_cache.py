@@ -7,7 +7,11 @@ is measured -- a short probe (MPI's own Allreduce of :data:`PROBE_BYTES`, a few 
 slowest rank's median) stored beside the choices.  A job finds the choices of an earlier run
 with the same signature and a probe within :data:`LINK_TOLERANCE` of the stored one, and runs
 no trials for those sizes; a shaped-down link, another cluster, a new mpitrain or MPI library
-calibrates afresh (and replaces that entry).  A tolerance rather than classes of factors of
+calibrates afresh (and replaces that entry).  Each choice is stored with the time it took when
+decided, and :class:`.calibration.Calibration` checks it on the job's first calls of its size:
+a probe of 2 MiB can miss a change that decides at 32 MiB (on 2 cores it told unshaped veth
+from a 1 Gbit/s link by less than 2x), so a choice that now takes another time is decided
+again.  A tolerance rather than classes of factors of
 two: a probe near a class boundary flipped classes between runs of one cluster under load.
 
 Rank 0 alone reads and writes the file (``MPITRAIN_CALIBRATION_CACHE``; a JSON object, one
@@ -97,9 +101,26 @@ def load(group: Group, sig: str, link_us: float) -> dict[Key, str]:
     return {_key(text): choice for text, choice in found.items()}
 
 
-def store(group: Group, sig: str, link_us: float, key: Key, choice: str) -> None:
-    """Record one decision (rank 0 writes; other ranks do nothing).  An entry measured on
-    another link is replaced, not merged."""
+def load_times(group: Group, sig: str, link_us: float) -> dict[Key, float]:
+    """The time each stored choice took when it was decided (seconds, the slowest rank's
+    median trial), where the entry has it; collective like :func:`load`."""
+    found: dict[str, float] = {}
+    path = cache_path(group)
+    if group.rank == 0 and path is not None:
+        entry = _read(path).get(sig)
+        if _entry_choices(entry, link_us) and isinstance(entry, dict):
+            times = entry.get("seconds")
+            if isinstance(times, dict):
+                found = {text: float(t) for text, t in times.items()
+                         if isinstance(t, (int, float)) and t > 0 and _valid(text)}
+    found = group.comm.bcast(found, root=0)
+    return {_key(text): t for text, t in found.items()}
+
+
+def store(group: Group, sig: str, link_us: float, key: Key, choice: str,
+          seconds: float | None = None) -> None:
+    """Record one decision and, if given, the time it took (rank 0 writes; other ranks do
+    nothing).  An entry measured on another link is replaced, not merged."""
     path = cache_path(group)
     if group.rank != 0 or path is None:
         return
@@ -108,7 +129,13 @@ def store(group: Group, sig: str, link_us: float, key: Key, choice: str) -> None
     kept = _entry_choices(entry, link_us)
     # The first probe stays the reference (kept is non-empty only for a well-formed entry).
     link = entry["link_us"] if kept and isinstance(entry, dict) else link_us
-    data[sig] = {"link_us": link, "choices": {**kept, _text(key): choice}}
+    times = entry.get("seconds") if kept and isinstance(entry, dict) else None
+    times = dict(times) if isinstance(times, dict) else {}
+    if seconds is None:
+        times.pop(_text(key), None)
+    else:
+        times[_text(key)] = seconds
+    data[sig] = {"link_us": link, "choices": {**kept, _text(key): choice}, "seconds": times}
     with contextlib.suppress(OSError):  # a read-only home must not fail a training step
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".allreduce-choices-", dir=path.parent)
