@@ -131,7 +131,6 @@ class CastHook:
     begins_in_backward = True
 
     def __init__(self, wire_dtype: torch.dtype, process_set: ProcessSet, tag: str) -> None:
-        check_hook_group(None, default_hooks.fp16_compress_hook, process_set)
         self.wire_dtype, self.process_set, self.tag = wire_dtype, process_set, tag
         self._wire: dict[int, torch.Tensor] = {}
 
@@ -164,6 +163,7 @@ def comm_hook_for(state: Any, hook: Any, process_set: ProcessSet,
         return CompressorHook(hook, process_set)
     wire = next((dtype for known, dtype in CAST_HOOKS if _plain(hook) is known), None)
     if wire is not None and state is None and uses_default_group(state, hook):
+        check_hook_group(state, hook, process_set)  # the refusal torch's hook would get
         return CastHook(wire, process_set, tag)
     if callable(hook):
         return TorchHook(state, hook, process_set)
