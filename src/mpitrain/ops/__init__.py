@@ -10,6 +10,14 @@ buckets across parallel communicators; :mod:`.reduction` describes one reduction
 :mod:`.kernels.cpu` holds the numba reductions, :mod:`.kernels.adasum` Adasum's.
 """
 
+import os
+
+# Before numba first loads: its error highlighting runs colorama's init() when numba builds
+# its typing registry (an error message made at import), and under mpirun, whose ranks write
+# to a terminal, colorama then prints a colour reset on stdout at exit -- into every job's
+# output, after `mpitrain-info --json`'s JSON too.  A user's own setting wins.
+os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
+
 from ..dtypes import FLOATING, INTEGER, STORAGE, ReduceOp, check_reduce_supported, itemsize
 from .adasum import AdasumLayoutError, check_layout
 from .algorithms import (
