@@ -176,11 +176,14 @@ def test_a_whole_host_dying_ends_in_place_or_reported_never_hung(cluster, tmp_pa
     """mpitrainrun --min-np 2 (ULFM): rank 2 kills every process of its host in epoch 1,
     Open MPI's daemon included.  Open MPI 5.0.11 (PRRTE 3.0) ends the whole job when it loses a
     daemon (its errmgr aborts on a daemon's comm failure, ULFM or not), unless the survivors
-    finish first: both happen, by timing (CI has seen each).  So either ranks 0 and 1 on the
+    finish first: both happen, by timing (CI has seen each), and Open MPI may report the lost
+    daemon after the survivors finished (seen 2026-11-28).  So either ranks 0 and 1 on the
     other host shrank the job to 2 ranks and finished with equal parameters, every sample of
-    every epoch seen, or mpitrainrun exits non-zero naming the lost node; never a hang, never
-    an exit 0 with the survivors unfinished.  (Open MPI stops forwarding the survivors' output
-    once a daemon is gone, so the evidence is their log files, not their stdout.)"""
+    every epoch seen, and mpitrainrun exits 0; or mpitrainrun exits non-zero naming the lost
+    node (it cannot tell whether the survivors had finished, so it never claims success
+    then); never a hang, never an exit 0 with the survivors unfinished.  (Open MPI stops
+    forwarding the survivors' output once a daemon is gone, so the evidence is their log
+    files, not their stdout.)"""
     script = ROOT / "tests" / "jobs" / "elastic_train.py"
     result = launch(cluster, [sys.executable, str(script), str(tmp_path),
                               json.dumps({"2": [1, 2, "host"]})],
@@ -192,8 +195,8 @@ def test_a_whole_host_dying_ends_in_place_or_reported_never_hung(cluster, tmp_pa
     assert "params" not in logs[2] and "params" not in logs[3]
     finished = [log.get("final_size") == 2 for log in survivors]
     if result.returncode != 0:
-        print("whole host lost: Open MPI ended the job, mpitrainrun reported it")
-        assert not all(finished), f"the survivors finished, yet a failure\n{output}"
+        print("whole host lost: Open MPI ended the job, mpitrainrun reported it "
+              f"(survivors finished: {all(finished)})")
         node = f"{cluster.name}-node2"
         assert f"Open MPI lost the daemon of node {node}" in result.stderr, output
         return

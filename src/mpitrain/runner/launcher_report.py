@@ -91,9 +91,13 @@ class LauncherWatch:
 
 def lost_daemon_message(launcher: str, node: str | None = None) -> str:
     which = f"the daemon of node {node}" if node else "a node's daemon"
-    return (f"{launcher}: Open MPI lost {which} and ended the job before the ranks finished "
-            "(it exits 0 even so); reporting failure (elastic training survives lost ranks in "
-            "place, but Open MPI 5.0 ends the whole job when a node's daemon goes)")
+    # Said whatever the ranks on the other nodes did: Open MPI ends the job when the daemon
+    # goes, sometimes after the survivors finished, sometimes before, and may exit 0 either
+    # way; the launcher cannot tell the two apart, so it never reports success.
+    return (f"{launcher}: Open MPI lost {which} and ended the job (it may exit 0 even so); "
+            "the ranks on the other nodes may or may not have finished; reporting failure "
+            "(elastic training survives lost ranks in place, but Open MPI 5.0 ends the whole "
+            "job when a node's daemon goes)")
 
 
 __all__ = ["DAEMON_GONE", "DAEMON_LOST", "LauncherWatch", "OutputWatch", "lost_daemon_message"]
