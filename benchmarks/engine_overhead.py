@@ -83,6 +83,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats (median)")
     args = parser.parse_args()
     hvd.init()
+    # The per-call cost in steady state: not while the CPU kernels still load in the
+    # background after init() (that doubled the async figure on 2 cores).
+    from mpitrain.ops.kernels import cpu
+
+    # (getattr: engine_before_after.sh runs this against commits from before the load.)
+    getattr(cpu, "wait_for_warm_up", lambda: None)()
     n = args.ops
     tensors = [torch.full((4,), float(i)) for i in range(n)]
 

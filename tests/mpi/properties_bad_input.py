@@ -25,7 +25,6 @@ the test's own), so all ranks pass, fail and shrink alike.  Seeds that found bug
 from __future__ import annotations
 
 import os
-import threading
 import time
 import traceback
 from dataclasses import dataclass, replace
@@ -339,8 +338,9 @@ def process_sets(hvd):
     # The CPU kernels load on a thread of their own after init(); on 2 busy cores that load
     # once delayed a rank's next call past the 1 s deadlock bound above (a "deadlock" on a
     # compatible allreduce).  The bound is for the steady state: start after the load.
-    for loading in [t for t in threading.enumerate() if t.name == "mpitrain-kernel-warm-up"]:
-        loading.join(120)
+    from mpitrain.ops.kernels import cpu
+
+    cpu.wait_for_warm_up(120)
     for ranks in SUBSETS:
         _registered.append(hvd.add_process_set(ranks))
     yield

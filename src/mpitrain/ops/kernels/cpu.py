@@ -383,4 +383,15 @@ def warm_up_in_background(dtypes: Sequence[str] = LIKELY_DTYPES) -> threading.Th
     thread = threading.Thread(target=warm_up, args=(tuple(dtypes),),
                               name="mpitrain-kernel-warm-up")
     thread.start()
+    _loading.append(thread)
     return thread
+
+
+_loading: list[threading.Thread] = []
+
+
+def wait_for_warm_up(timeout: float | None = None) -> None:
+    """Wait until the background loads started so far are done: for measurements of the
+    steady state (the load competes for the cores for a second or two after ``init()``)."""
+    for thread in list(_loading):
+        thread.join(timeout)
