@@ -383,7 +383,8 @@ def warm_up_in_background(dtypes: Sequence[str] = LIKELY_DTYPES) -> threading.Th
     thread = threading.Thread(target=warm_up, args=(tuple(dtypes),),
                               name="mpitrain-kernel-warm-up")
     thread.start()
-    _loading.append(thread)
+    # Kept only while it may still run: an elastic job starts an engine at every rebuild.
+    _loading[:] = [t for t in _loading if t.is_alive()] + [thread]
     return thread
 
 
