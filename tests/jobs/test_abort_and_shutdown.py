@@ -198,17 +198,23 @@ def test_runs_without_any_launcher_as_a_world_of_one():
     assert out.stdout.strip() == "0 1 0 1 [1.0, 1.0]"
 
 
-def test_stall_inspector_names_missing_ranks_and_shuts_down():
+def test_stall_inspector_names_missing_ranks_and_shuts_down(tmp_path):
+    # Rank 1 joins the barrier only once rank 0 has given up: a fixed sleep raced rank 0's
+    # own 3 s barrier deadline on a loaded machine (CI, 2026-11-28).
+    gave_up = tmp_path / "rank0-gave-up"
     code = (
-        "import time, mpitrain as hvd, torch\n"
+        "import os, time, mpitrain as hvd, torch\n"
         "hvd.init()\n"
         "if hvd.rank() == 0:\n"
         "    try:\n"
         "        hvd.allreduce(torch.ones(1), name='only.rank0')\n"
         "    except hvd.MpitrainInternalError as e:\n"
         "        print('GAVE UP:', e)\n"
+        f"    open({str(gave_up)!r}, 'w').close()\n"
         "else:\n"
-        "    time.sleep(6)\n"
+        "    deadline = time.monotonic() + 40\n"
+        f"    while not os.path.exists({str(gave_up)!r}) and time.monotonic() < deadline:\n"
+        "        time.sleep(0.05)\n"
         "hvd.barrier()\n"
     )
     env = {"MPITRAIN_STALL_CHECK_TIME_SECONDS": "1", "MPITRAIN_STALL_SHUTDOWN_TIME_SECONDS": "3"}
