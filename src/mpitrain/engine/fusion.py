@@ -1,10 +1,11 @@
 """Tensor fusion: pack the tensors of one round that can travel together into buckets.
 
 Allreduce pieces share a bucket when they agree on element type, reduce op and scale factors;
-broadcast pieces when they share a root.  Buckets keep the order in which their first piece
-appeared and hold at most ``threshold`` bytes (a piece larger than that travels alone).  The
-plan depends only on the responses, which are identical everywhere, so every rank builds the
-same buckets.
+broadcast pieces when they share a root.  The cutting is :func:`.buckets.plan`'s, the rule
+gradient buckets are cut by too: buckets keep the order in which their first piece appeared
+and hold at most ``threshold`` bytes (a piece larger than that travels alone).  The plan
+depends only on the responses, which are identical everywhere, so every rank builds the same
+buckets.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import buckets
 from .negotiation import Response
 
 
@@ -34,17 +36,6 @@ class Piece:
 
 def plan(pieces: Iterable[tuple[Hashable, Piece]], threshold: int) -> list[list[Piece]]:
     """Group (key, piece) pairs into buckets of equal key and at most ``threshold`` bytes."""
-    open_buckets: dict[Hashable, list[Piece]] = {}
-    open_bytes: dict[Hashable, int] = {}
-    buckets: list[list[Piece]] = []
-    for key, piece in pieces:
-        bucket = open_buckets.get(key)
-        if bucket is not None and open_bytes[key] + piece.nbytes <= threshold:
-            bucket.append(piece)
-            open_bytes[key] += piece.nbytes
-            continue
-        bucket = [piece]
-        buckets.append(bucket)
-        open_buckets[key] = bucket
-        open_bytes[key] = piece.nbytes
-    return buckets
+    keyed = list(pieces)
+    groups = buckets.plan([(key, piece.nbytes) for key, piece in keyed], threshold)
+    return [[keyed[i][1] for i in group] for group in groups]
