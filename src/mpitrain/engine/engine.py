@@ -59,7 +59,8 @@ class Engine:
         self._peers_left: list[int] = []
         self._fatal: BaseException | None = None
         self._thread: threading.Thread | None = None
-        self._sets = SetRegistry(self._cond, config, self.timeline, topo)
+        self._sets = SetRegistry(self._cond, config, self.timeline, topo,
+                                 lambda: self.fusion_threshold)
         self.cycle_time_s = config.cycle_time_ms / 1e3  # autotune may change it
         self.autotune = autotune_sync.AutotuneSync.for_job(config, topo.rank, topo.size,
                                                            topo.num_nodes)
@@ -75,17 +76,28 @@ class Engine:
         return self._sets.ids()
 
     # ------------------------------------------------------------------ gradient buckets
+    @property
+    def fusion_threshold(self) -> int:
+        """The fusion threshold this rank runs now: autotune's last applied setting, else the
+        configuration's.  The one value every executor fuses at and gradient buckets are
+        planned at; every rank changes it at the same cycle (:mod:`.autotune_sync`)."""
+        setting = self.autotune.setting
+        return self.config.fusion_threshold if setting is None else setting.fusion_threshold
+
     def plan_buckets(self, items: Sequence[tuple[Hashable, int]],
                      cap_bytes: int | None = None,
                      first_cap_bytes: int | None = buckets.FIRST_BUCKET_BYTES
                      ) -> list[list[int]]:
         """Group (key, nbytes) items into gradient buckets (see :mod:`.buckets`).
 
-        The cap is the fusion threshold unless the caller names one (DDP's ``bucket_cap_mb``);
-        ``first_cap_bytes=None`` caps the first bucket like the others.
+        The cap is the current fusion threshold unless the caller names one (DDP's
+        ``bucket_cap_mb``); ``first_cap_bytes=None`` caps the first bucket like the others.
+        A plan is identical on every rank when the ranks plan at the same threshold: the
+        configured one until autotune changes it, so plan before training starts (as
+        optimizers and DDP do at construction) or once autotune has frozen.
         """
-        cap = self.config.fusion_threshold if cap_bytes is None else cap_bytes
-        return buckets.plan(items, cap, cap if first_cap_bytes is None else first_cap_bytes)
+        cap = self.fusion_threshold if cap_bytes is None else cap_bytes
+        return buckets.plan(items, cap, first_cap_bytes)
 
     def bucket_memory(self, set_id: int, nbytes: int) -> np.ndarray:
         """A zeroed byte buffer for a gradient bucket of ``set_id``, from the memory the data

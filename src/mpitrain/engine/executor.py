@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -74,10 +75,11 @@ def _zeros_entries(meta: RequestMeta) -> list[Entry]:
 class Executor:
     """Turns one process set's responses into data-plane calls."""
 
-    def __init__(self, group: ops.Group, timeline: Timeline, fusion_threshold: int) -> None:
+    def __init__(self, group: ops.Group, timeline: Timeline,
+                 fusion_threshold: Callable[[], int]) -> None:
         self.group = group
         self.timeline = timeline
-        self.fusion_threshold = fusion_threshold
+        self._fusion_threshold = fusion_threshold  # the engine's live one (autotune's)
         # Autotune's choices (None: the configuration's); set by the engine at the same cycle
         # on every rank, so every rank still runs the same collectives.
         self.overrides = ops.Overrides()
@@ -85,6 +87,11 @@ class Executor:
         self.fused_tensors = 0
         self.zero_copy_buckets = 0  # fused buckets reduced in place without packing
         self.device = DeviceLayer(group)  # CUDA requests; imports nothing until one runs
+
+    @property
+    def fusion_threshold(self) -> int:
+        """The engine's current fusion threshold, which gradient buckets are planned at too."""
+        return self._fusion_threshold()
 
     def close(self) -> None:
         self.device.close()
@@ -118,9 +125,10 @@ class Executor:
                                                             _flat(e.output), e.dtype)))
             else:
                 others.append(resp)
-        for bucket in plan(allreduce, self.fusion_threshold):
+        threshold = self.fusion_threshold
+        for bucket in plan(allreduce, threshold):
             self._allreduce(bucket)
-        for bucket in plan(broadcast, self.fusion_threshold):
+        for bucket in plan(broadcast, threshold):
             self._broadcast(bucket)
         for resp in others:
             self._single(resp)

@@ -43,9 +43,10 @@ class SetRegistry:
     """
 
     def __init__(self, lock: threading.Condition, config: Config, timeline: Timeline,
-                 topo: topology.Topology) -> None:
+                 topo: topology.Topology, fusion_threshold: Callable[[], int]) -> None:
         self._lock = lock
         self._config = config
+        self._fusion_threshold = fusion_threshold
         self._timeline = timeline
         self._topology = topo
         self.states: dict[int, SetState] = {}
@@ -63,7 +64,8 @@ class SetRegistry:
         if comms is not None:
             assert topo is not None
             group = ops.Group(comms, topo, self._config)
-        state = SetState.open(set_id, world_ranks, group, self._timeline, extra_words)
+        state = SetState.open(set_id, world_ranks, group, self._timeline,
+                              self._fusion_threshold, extra_words)
         if state.executor is not None and setting is not None:
             state.apply(setting)
         with self._lock:

@@ -10,6 +10,7 @@ any of these, so that set ids stay aligned across ranks.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,11 +36,13 @@ class SetState:
 
     @classmethod
     def open(cls, set_id: int, world_ranks: list[int], group: ops.Group | None,
-             timeline: Timeline, extra_words: int = 0) -> SetState:
+             timeline: Timeline, fusion_threshold: Callable[[], int],
+             extra_words: int = 0) -> SetState:
         """The state of set ``set_id`` over ``group`` (its communicators, topology and
         configuration), None where this rank is not a member.
 
         Collective over the set's members (the negotiator duplicates its communicator).
+        ``fusion_threshold``: the engine's current threshold (every set fuses at the same one).
         ``extra_words``: words every header of this set carries for the engine (autotune).
         """
         state = cls(set_id, world_ranks, group is not None)
@@ -47,7 +50,7 @@ class SetState:
             state.group = group
             state.negotiator = Negotiator(group.comms.world.Dup(), world_ranks, group.config,
                                           extra_words)
-            state.executor = Executor(group, timeline, group.config.fusion_threshold)
+            state.executor = Executor(group, timeline, fusion_threshold)
         return state
 
     @property
@@ -63,9 +66,12 @@ class SetState:
         return comms
 
     def apply(self, setting: Setting) -> None:
-        """Run this set's executor with autotune's ``setting`` (nothing where not a member)."""
+        """Run this set's executor with autotune's ``setting`` (nothing where not a member).
+
+        The fusion threshold is not the set's: the executor reads the engine's, the one
+        gradient buckets are planned at too.
+        """
         if self.executor is not None:
-            self.executor.fusion_threshold = setting.fusion_threshold
             self.executor.overrides = ops.Overrides(setting.algorithm, setting.channels)
 
     def close(self) -> None:
