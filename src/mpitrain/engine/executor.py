@@ -102,18 +102,24 @@ class Executor:
         allreduce: list[tuple[Any, Piece]] = []
         broadcast: list[tuple[Any, Piece]] = []
         others: list[Response] = []
+        reductions: dict[Any, ops.Reduction] = {}  # one per fusion key, made once a round
         for resp in responses:
             kind = resp.kind
             if kind == Kind.ALLREDUCE:
                 request, meta = resp.request, resp.meta
                 entries = request.entries if request is not None else _zeros_entries(meta)
+                # The one place an allreduce's Average becomes a Sum and a postscale.
                 op, post = average_as_sum(_OP_OF[meta.reduce_op], meta.postscale,
                                           self.group.size)
                 pre = meta.prescale
                 for i, e in enumerate(entries):
                     assert e.input is not None and e.output is not None
-                    piece = Piece(resp, i, _flat(e.input), _flat(e.output), e.dtype)
-                    allreduce.append(((e.dtype, op, pre, post, meta.device), piece))
+                    key = (e.dtype, op, pre, post, meta.device)
+                    how = reductions.get(key)
+                    if how is None:
+                        how = reductions[key] = ops.Reduction(e.dtype, pre, post, op)
+                    allreduce.append((key, Piece(resp, i, _flat(e.input), _flat(e.output),
+                                                 e.dtype, how)))
             elif kind == Kind.BROADCAST and is_cuda(resp.meta):
                 others.append(resp)  # staged through the host, one request at a time
             elif kind == Kind.BROADCAST:
@@ -137,8 +143,9 @@ class Executor:
     def _allreduce(self, bucket: list[Piece]) -> None:
         dtype = bucket[0].dtype
         meta = bucket[0].response.meta
-        op, post = average_as_sum(ReduceOp(meta.reduce_op), meta.postscale, self.group.size)
-        how = ops.Reduction(dtype, meta.prescale, post, op)
+        how = bucket[0].reduction  # the bucket's fusion key: every piece has the same
+        assert how is not None
+        op = how.op
         started = time.monotonic()
         self._queued(bucket, started)
         if is_cuda(meta):

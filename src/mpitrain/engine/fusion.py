@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .. import ops
 from . import buckets
 from .negotiation import Response
 
@@ -28,6 +29,7 @@ class Piece:
     input: np.ndarray
     output: np.ndarray
     dtype: str
+    reduction: ops.Reduction | None = None  # an allreduce's, as the data plane runs it
 
     @property
     def nbytes(self) -> int:
