@@ -340,13 +340,14 @@ def test_gradients_accumulated_over_backward_passes_are_compressed_once_per_step
 
 
 class _TwoBuckets(torch.nn.Module):
-    """A head of 1 MiB of weights, which fills the first bucket (backward makes its gradient
-    first), and a body that backward reaches afterwards: two buckets."""
+    """A head of exactly 1 MiB of gradients (weight and bias), which fills the first bucket
+    (backward makes its gradients first; a bucket holds at most its cap), and a body that
+    backward reaches afterwards: two buckets."""
 
     def __init__(self):
         super().__init__()
-        self.body = torch.nn.Linear(16, 512)
-        self.head = torch.nn.Linear(512, 512)
+        self.body = torch.nn.Linear(16, 511)
+        self.head = torch.nn.Linear(511, 512)  # 511 * 512 + 512 float32 = 1 MiB
 
     def forward(self, x):
         return self.head(torch.relu(self.body(x)))
