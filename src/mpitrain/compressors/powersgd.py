@@ -203,6 +203,13 @@ class PowerSGD(GradientReducer):
             for m, q, p in zip(started.ordered, started.qs, started.ps):
                 torch.bmm(m, q, out=p)
             started.p_handle = self.allreduce_sum_async([self.p_memory[key]], key, "P")
+        elif key not in self.p_memory:
+            # torch's hook draws a seed for a bucket's first compressed step (and keeps empty
+            # P and Q memory) even when none of its tensors is compressed: so must we, or every
+            # later bucket's first Q comes from another draw than torch's.
+            self.p_memory[key] = torch.empty(0)
+            self.q_memory[key] = torch.empty(0)
+            self.rng.randint(1_000_000_000)
         started.plain_handle = self.allreduce_sum_async(plain, key, "plain")
         return started
 
