@@ -12,9 +12,11 @@ construction, which decides when the gradient goes and how the step ends:
   cut in backward's order (:mod:`.compressed_buckets`);
 * :class:`LocalPath`: nothing to reduce (a process set of one, or this rank outside it).
 
-What is submitted on each path is :class:`.gradient_submission.GradientSubmitter`'s.  Every
-path submits what backward left unsent at ``synchronize()`` in the parameters' registration
-order, the same on every rank, so that requests fuse alike everywhere.
+What is submitted on each path is :class:`.gradient_submission.GradientSubmitter`'s.
+``synchronize()`` is :meth:`GradientPath.submit_rest`, then :meth:`GradientPath.finish`: the
+per-tensor and grouped paths submit what backward left unsent in the parameters' registration
+order, the same on every rank, so that requests fuse alike everywhere (a compressor's buckets
+go in bucket order).
 """
 
 from __future__ import annotations
@@ -38,18 +40,23 @@ class GradientPath(ABC):
     def gradient_final(self, p: torch.Tensor) -> None:
         """``p``'s gradient will not change again this step: submit what is now complete."""
 
+    def submit_rest(self) -> None:
+        """``synchronize()`` begins: submit what backward did not (collective: every rank of
+        the process set calls it)."""
+        return  # by default everything went from backward, or goes in finish()
+
     @abstractmethod
-    def synchronize(self) -> None:
-        """Submit what backward did not, wait for everything: each ``p.grad`` holds its
-        result.  Collective: every rank of the process set calls it."""
+    def finish(self) -> None:
+        """Wait for everything submitted: each ``p.grad`` then holds its result."""
 
     @abstractmethod
     def end_round(self) -> None:
-        """Forget this step's requests (after ``synchronize()``, even a failed one)."""
+        """Forget this step's requests (after ``finish()``, even a failed one)."""
 
     def abandon(self) -> None:
-        """Forget a step that failed halfway, counts of ready gradients included."""
-        self.end_round()
+        """After ``end_round()``, for a step that failed halfway: forget what it leaves (the
+        counts of final gradients of a half-complete group)."""
+        return  # by default end_round() forgot everything
 
 
 class LocalPath(GradientPath):
@@ -58,7 +65,7 @@ class LocalPath(GradientPath):
     def gradient_final(self, p: torch.Tensor) -> None:
         pass  # never called: a local optimizer registers no gradient hooks
 
-    def synchronize(self) -> None:
+    def finish(self) -> None:
         pass
 
     def end_round(self) -> None:
@@ -86,10 +93,12 @@ class PerTensorPath(GradientPath):
     def gradient_final(self, p: torch.Tensor) -> None:
         self._in_flight[p] = self._submitter.submit(p)
 
-    def synchronize(self) -> None:
+    def submit_rest(self) -> None:
         for p in self._params:
             if p not in self._in_flight:  # no gradient here yet: zeros meet the others'
                 self._in_flight[p] = self._submitter.submit(p)
+
+    def finish(self) -> None:
         for request in self._in_flight.values():
             request.finish()
 
@@ -129,11 +138,13 @@ class GroupedPath(GradientPath):
         self._ready[group] = 0
         self._in_flight[group] = self._submitter.submit_group(group)
 
-    def synchronize(self) -> None:
+    def submit_rest(self) -> None:
         for p in self._params:
             group = self._group_of[p]
             if group not in self._in_flight:  # incomplete here: send it whole
                 self._submit(group)
+
+    def finish(self) -> None:
         for request in self._in_flight.values():
             request.finish()
 
@@ -141,14 +152,13 @@ class GroupedPath(GradientPath):
         self._in_flight.clear()
 
     def abandon(self) -> None:
-        self.end_round()
         for group in self._ready:
             self._ready[group] = 0
 
 
 class CompressedPath(GradientPath):
     """A stateful compressor's buckets: each begins once its gradients are final, in bucket
-    order; ``synchronize()`` begins the rest and completes them all.
+    order; ``finish()`` begins the rest and completes them all.
 
     Args:
         submitter: gives the dense gradients of a bucket.
@@ -164,7 +174,8 @@ class CompressedPath(GradientPath):
     def gradient_final(self, p: torch.Tensor) -> None:
         self.compressed.gradient_ready(p, self._submitter.dense_gradients)
 
-    def synchronize(self) -> None:
+    def finish(self) -> None:
+        # Begins the buckets backward left, then completes all, in bucket order.
         self.compressed.synchronize(self._submitter.dense_gradients)
 
     def end_round(self) -> None:

@@ -1,13 +1,17 @@
 """How DistributedOptimizer's gradients become requests, and the averages become gradients.
 
-:mod:`.optimizer` decides when a gradient goes (its hook, a group complete, ``synchronize()``);
-this module is what goes and how it comes back, along three paths:
+:mod:`.gradient_paths` decides when a gradient goes (its hook, a group complete,
+``synchronize()``); this module is what goes and how it comes back, along three paths:
 
 * **one gradient**: a named, asynchronous, in-place allreduce (a sparse gradient through
   allgather instead, unless ``sparse_as_dense``);
 * **a group**: one grouped allreduce of its gradients, made dense as in Horovod;
 * **a stateful compressor's bucket**: the dense gradients it reduces itself
   (:mod:`.compressed_buckets` asks :meth:`GradientSubmitter.dense_gradients` for them).
+
+A submitted gradient or group is an :class:`InFlight` request (:class:`DenseInFlight`, or
+:class:`SparseInFlight` for sparse allgathers); ``finish()`` waits and leaves the result in
+``p.grad``.
 
 Where the gradients wait: on CPU, every dense gradient can have a view in a flat bucket the
 engine sizes and allocates where the data plane reduces fastest, so that the engine reduces it

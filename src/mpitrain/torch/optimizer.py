@@ -10,8 +10,12 @@ fuses them while the rest of backward runs.  ``step()`` (or ``synchronize()``) s
 still missing, waits, and steps.  Names make the matching: a parameter that got no gradient on
 some rank is submitted there as zeros at ``synchronize()`` and meets the others' requests, so
 no rank hangs.  (As in Horovod, that zero stand-in is dense: a parameter whose gradient is
-sparse on other ranks must get a gradient on every rank, or use ``sparse_as_dense``.)  What is
-submitted on each path, and the views below, are :mod:`.gradient_submission`'s.
+sparse on other ranks must get a gradient on every rank, or use ``sparse_as_dense``.)  This
+module keeps Horovod's step protocol (backward passes per step, ``synchronize()`` and
+``skip_synchronize()``, GradScaler, ``abandon_step``); when a final gradient goes is the one
+submission path chosen at construction (per tensor, groups, a stateful compressor:
+:mod:`.gradient_paths`), and what is submitted, and the views below, are
+:mod:`.gradient_submission`'s.
 
 Gradient buckets: on CPU, every dense gradient gets a view, shaped like its parameter, in a
 flat bucket that the engine sizes (its fusion threshold) and allocates where the data plane
@@ -62,6 +66,7 @@ from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names,
 from .gradient_paths import (
     CompressedPath,
     GradientPath,
+    Group,
     GroupedPath,
     LocalPath,
     PerTensorPath,
@@ -114,7 +119,7 @@ class _DistributedOptimizer(GradientHooks):
             self.process_set))
         self._delay: dict[torch.Tensor, int] = {p: self.backward_passes_per_step
                                                 for p in all_params}
-        self._round_open = False  # a gradient was hooked since the last synchronize()
+        self._round_open = False  # a gradient was hooked since the step last ended
         self._synchronized = False
         self._synchronized_for_scaler = False
         self._should_synchronize = True
@@ -131,8 +136,8 @@ class _DistributedOptimizer(GradientHooks):
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                            for p in requires_update]
 
-    def _choose_path(self, params: list[torch.Tensor], groups: list[tuple[torch.Tensor, ...]]
-                     | None, shared_buckets: bool) -> GradientPath:
+    def _choose_path(self, params: list[torch.Tensor], groups: list[Group] | None,
+                     shared_buckets: bool) -> GradientPath:
         """The one submission path of this optimizer (see :mod:`.gradient_paths`)."""
         if self.compressor is not None:
             return CompressedPath(self._submitter, self.compressor, params)
@@ -184,8 +189,9 @@ class _DistributedOptimizer(GradientHooks):
         if not self._communicates:
             self._synchronized = True
             return
+        self._path.submit_rest()
         try:
-            self._path.synchronize()
+            self._path.finish()
             self._submitter.resparsify()
         finally:
             self._end_round()
