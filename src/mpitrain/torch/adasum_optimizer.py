@@ -61,12 +61,15 @@ class AdasumOptimizer(GradientHooks):
         self._delay = {p: backward_passes_per_step for p in self._requires_update}
         self._handles: dict[torch.Tensor, Pending] = {}
         self._starts: dict[torch.Tensor, torch.Tensor] = {}
-        self._hooks: list[Any] = []
+        self._hooks = []
         if self._communicates:
             self._starts = {p: torch.zeros_like(p, requires_grad=False)
                             for p in self._requires_update}
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
                            for p in self._requires_update]
+
+    def _reductions_pending(self) -> bool:
+        return bool(self._handles)
 
     # ------------------------------------------------------------------ backward side
     def _on_gradient(self, p: torch.Tensor) -> None:

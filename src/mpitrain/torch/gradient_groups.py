@@ -3,12 +3,18 @@ the parameters into groups that are each reduced as one grouped request."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
+# ``groups=`` once checked: a number of groups, or lists of parameters (None: no groups).
+Groups = int | list[list[torch.Tensor]] | None
 
-def check_groups(groups: Any) -> Any:
+
+def check_groups(groups: object) -> Groups:
+    """``groups`` as given, checked (a copy of the lists).
+
+    Raises:
+        ValueError: not a positive integer or a list of lists of distinct tensors.
+    """
     if groups is None:
         return None
     if isinstance(groups, bool):
@@ -23,7 +29,7 @@ def check_groups(groups: Any) -> Any:
         raise ValueError(f"groups must be a positive integer or a list of lists of tensors, "
                          f"got {type(groups).__name__}")
     seen: set[int] = set()
-    out = []
+    out: list[list[torch.Tensor]] = []
     for i, group in enumerate(groups):
         if not isinstance(group, (list, tuple)):
             raise ValueError(f"groups[{i}] must be a list of tensors, got "
@@ -40,7 +46,7 @@ def check_groups(groups: Any) -> Any:
     return out
 
 
-def split_groups(groups: Any, all_params: list[torch.Tensor],
+def split_groups(groups: int | list[list[torch.Tensor]], all_params: list[torch.Tensor],
                  names: dict[torch.Tensor, str]) -> list[tuple[torch.Tensor, ...]]:
     """The non-empty groups of trainable parameters that ``groups`` (from
     :func:`check_groups`) asks for; every trainable parameter lands in exactly one.
@@ -72,4 +78,4 @@ def split_groups(groups: Any, all_params: list[torch.Tensor],
     return [group for group in split if group]
 
 
-__all__ = ["check_groups", "split_groups"]
+__all__ = ["Groups", "check_groups", "split_groups"]

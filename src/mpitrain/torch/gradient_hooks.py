@@ -8,6 +8,7 @@ import collections
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 
 class OptimizerUsageError(RuntimeError, AssertionError):
@@ -53,12 +54,15 @@ def parameter_names(param_groups: list[dict[str, Any]],
 
 class GradientHooks(torch.optim.Optimizer):
     """What the hook-driven optimizers (averaging and Adasum) share: their per-parameter hooks,
-    the backward passes they count, and the reductions still pending in ``_handles``."""
+    the backward passes they count, and the guard on reductions still pending."""
 
-    _handles: dict[Any, Any]
     _delay: dict[torch.Tensor, int]
-    _hooks: list[Any]
+    _hooks: list[RemovableHandle]
     backward_passes_per_step: int
+
+    def _reductions_pending(self) -> bool:
+        """Whether a backward pass began what ``step()`` or ``synchronize()`` must end."""
+        raise NotImplementedError
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients, as torch does; an error while reductions are pending.
@@ -67,7 +71,7 @@ class GradientHooks(torch.optim.Optimizer):
             OptimizerUsageError: called after ``backward()`` but before ``step()`` or
                 ``synchronize()`` (it would race with the reductions in flight).
         """
-        if self._handles:
+        if self._reductions_pending():
             raise OptimizerUsageError(
                 "optimizer.zero_grad() was called after loss.backward() but before "
                 "optimizer.step() or optimizer.synchronize(). This is prohibited as it can "

@@ -1,13 +1,17 @@
 """How DistributedOptimizer's gradients become requests, and the averages become gradients.
 
-:mod:`.optimizer` decides when a gradient goes (its hook, a group complete, ``synchronize()``);
-this module is what goes and how it comes back, along three paths:
+:mod:`.gradient_paths` decides when a gradient goes (its hook, a group complete,
+``synchronize()``); this module is what goes and how it comes back, along three paths:
 
 * **one gradient**: a named, asynchronous, in-place allreduce (a sparse gradient through
   allgather instead, unless ``sparse_as_dense``);
 * **a group**: one grouped allreduce of its gradients, made dense as in Horovod;
 * **a stateful compressor's bucket**: the dense gradients it reduces itself
   (:mod:`.compressed_buckets` asks :meth:`GradientSubmitter.dense_gradients` for them).
+
+A submitted gradient or group is an :class:`InFlight` request (:class:`DenseInFlight`, or
+:class:`SparseInFlight` for sparse allgathers); ``finish()`` waits and leaves the result in
+``p.grad``.
 
 Where the gradients wait: on CPU, every dense gradient can have a view in a flat bucket the
 engine sizes and allocates where the data plane reduces fastest, so that the engine reduces it
@@ -21,18 +25,19 @@ afterwards, as Horovod does, so that SparseAdam and the like can step.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from .. import collectives
+from ..collectives import Handle
 from ..collectives.buckets import Bucket, gradient_buckets
-from ..compression import Compressor
+from ..compression import Compression, Compressor
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet
 from .autograd_ops import sparse_allreduce_async
 
-Pending = tuple[Any, Any]  # (handle, or a callable for sparse results; compression context)
 # The parameters a predicate accepts, in the order their gradients become ready.
 BucketOrder = Callable[[Callable[[torch.Tensor], bool]], list[torch.Tensor]]
 # The compression context of a gradient reduced in its 16-bit wire view: cast back from it.
@@ -45,21 +50,73 @@ def _lives_in(grad: torch.Tensor, view: torch.Tensor) -> bool:
     return grad.layout == torch.strided and grad.data_ptr() == view.data_ptr()
 
 
+@dataclass(frozen=True)
+class RequestOptions:
+    """What every request of one DistributedOptimizer shares.
+
+    ``compression`` is the stateless one (``Compression.none``, ``.fp16``, ``.bf16``): a
+    stateful compressor reduces its buckets itself and takes the gradients from
+    :meth:`GradientSubmitter.dense_gradients`.
+    """
+
+    compression: type[Compressor]
+    op: ReduceOp
+    gradient_predivide_factor: float
+    sparse_as_dense: bool
+    process_set: ProcessSet
+
+
+class InFlight(Protocol):
+    """A reduction submitted for one gradient or one group."""
+
+    def finish(self) -> None:
+        """Wait for it and leave the result in each gradient (collective completion)."""
+
+
+WriteBack = Callable[[torch.Tensor, torch.Tensor, object], None]
+
+
+@dataclass(frozen=True)
+class DenseInFlight:
+    """An allreduce (grouped for a group) and each gradient's compression context."""
+
+    params: tuple[torch.Tensor, ...]
+    handle: Handle
+    contexts: tuple[object, ...]
+    grouped: bool
+    write_back: WriteBack  # GradientSubmitter.write_back
+
+    def finish(self) -> None:
+        outputs = collectives.synchronize(self.handle)
+        results = outputs if self.grouped else [outputs]
+        for p, out, ctx in zip(self.params, results, self.contexts):
+            self.write_back(p, out, ctx)
+
+
+@dataclass(frozen=True)
+class SparseInFlight:
+    """A sparse gradient's allgathers: ``result`` waits and returns the reduced tensor."""
+
+    param: torch.Tensor
+    result: Callable[[], torch.Tensor]
+
+    def finish(self) -> None:
+        self.param.grad = self.result()
+
+
 class GradientSubmitter:
     """One DistributedOptimizer's requests for its gradients (see the module).
 
     ``names`` is the optimizer's own table of request names (the same dict).
     """
 
-    def __init__(self, names: dict[torch.Tensor, str], compression: type[Compressor],
-                 op: ReduceOp, gradient_predivide_factor: float, sparse_as_dense: bool,
-                 process_set: ProcessSet) -> None:
+    def __init__(self, names: dict[torch.Tensor, str], options: RequestOptions) -> None:
         self.names = names
-        self.compression = compression
-        self.op = op
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.sparse_as_dense = sparse_as_dense
-        self.process_set = process_set
+        self.compression = options.compression
+        self.op = options.op
+        self.gradient_predivide_factor = options.gradient_predivide_factor
+        self.sparse_as_dense = options.sparse_as_dense
+        self.process_set = options.process_set
         self.buckets: list[Bucket] = []
         self.views: dict[torch.Tensor, torch.Tensor] = {}
         self.wire_views: dict[torch.Tensor, torch.Tensor] = {}  # fp16/bf16: see the module
@@ -69,6 +126,14 @@ class GradientSubmitter:
         self.densified: dict[torch.Tensor, int] = {}
 
     # ------------------------------------------------------------------ set-up
+    def build_views(self, bucket_order: BucketOrder) -> None:
+        """The bucket views this compression keeps: the gradients' own type (none), the
+        16-bit wire type (fp16, bf16), or no views (any other compressor)."""
+        if self.compression is Compression.none:
+            self.build_buckets(bucket_order)
+        elif self.compression.wire_dtype is not None:
+            self.build_wire_buckets(bucket_order, getattr(torch, self.compression.wire_dtype))
+
     def build_buckets(self, bucket_order: BucketOrder) -> None:
         """Give each CPU dense gradient a view in a flat, zeroed bucket the engine allocates."""
         order = bucket_order(lambda p: p.device.type == "cpu")
@@ -115,13 +180,14 @@ class GradientSubmitter:
             return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
         return 1.0, 1.0
 
-    def submit(self, p: torch.Tensor) -> Pending:
+    def submit(self, p: torch.Tensor) -> InFlight:
         """Submit ``p``'s gradient alone (zeros if it has none here)."""
         name = self.names[p]
         grad = self._grad_for_reduce(p)
         if grad.is_sparse:
             if not self.sparse_as_dense:
-                return sparse_allreduce_async(grad, name, self.op, self.process_set), None
+                return SparseInFlight(p, sparse_allreduce_async(grad, name, self.op,
+                                                                self.process_set))
             self.densified[p] = grad.sparse_dim()
             grad = p.grad = grad.to_dense()
         compressed, ctx = self._to_wire(p, grad)
@@ -129,9 +195,9 @@ class GradientSubmitter:
         handle = collectives.allreduce_async_(compressed, name=name, op=self.op,
                                               prescale_factor=pre, postscale_factor=post,
                                               process_set=self.process_set)
-        return handle, ctx
+        return DenseInFlight((p,), handle, (ctx,), False, self.write_back)
 
-    def submit_group(self, group: tuple[torch.Tensor, ...]) -> Pending:
+    def submit_group(self, group: tuple[torch.Tensor, ...]) -> InFlight:
         """Submit a group's gradients as one grouped request."""
         grads = []
         for p in group:
@@ -146,9 +212,10 @@ class GradientSubmitter:
                                             name=f"group.{self.names[group[0]]}",
                                             op=self.op, prescale_factor=pre,
                                             postscale_factor=post, process_set=self.process_set)
-        return handle, [ctx for _, ctx in pairs]
+        return DenseInFlight(group, handle, tuple(ctx for _, ctx in pairs), True,
+                             self.write_back)
 
-    def _to_wire(self, p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def _to_wire(self, p: torch.Tensor, grad: torch.Tensor) -> tuple[torch.Tensor, object]:
         """What travels for ``grad``: its wire view after an in-place cast, or what the
         compressor makes of it; with the context ``write_back`` needs."""
         wire = self.wire_views.get(p)
@@ -169,7 +236,8 @@ class GradientSubmitter:
         return grads
 
     # ------------------------------------------------------------------ the way back
-    def write_back(self, p: torch.Tensor, output: torch.Tensor, ctx: Any) -> None:
+    def write_back(self, p: torch.Tensor, output: torch.Tensor, ctx: object) -> None:
+        """Leave ``output``, the reduction of ``p``'s gradient, in ``p.grad``."""
         assert p.grad is not None
         if ctx is None and output.data_ptr() == p.grad.data_ptr():
             return  # reduced in place
@@ -185,4 +253,5 @@ class GradientSubmitter:
             p.grad = p.grad.to_sparse(sparse_dim)
 
 
-__all__ = ["BucketOrder", "GradientSubmitter", "Pending"]
+__all__ = ["BucketOrder", "DenseInFlight", "GradientSubmitter", "InFlight", "RequestOptions",
+           "SparseInFlight"]

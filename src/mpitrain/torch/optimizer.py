@@ -10,8 +10,12 @@ fuses them while the rest of backward runs.  ``step()`` (or ``synchronize()``) s
 still missing, waits, and steps.  Names make the matching: a parameter that got no gradient on
 some rank is submitted there as zeros at ``synchronize()`` and meets the others' requests, so
 no rank hangs.  (As in Horovod, that zero stand-in is dense: a parameter whose gradient is
-sparse on other ranks must get a gradient on every rank, or use ``sparse_as_dense``.)  What is
-submitted on each path, and the views below, are :mod:`.gradient_submission`'s.
+sparse on other ranks must get a gradient on every rank, or use ``sparse_as_dense``.)  This
+module keeps Horovod's step protocol (backward passes per step, ``synchronize()`` and
+``skip_synchronize()``, GradScaler, ``abandon_step``); when a final gradient goes is the one
+submission path chosen at construction (per tensor, groups, a stateful compressor:
+:mod:`.gradient_paths`), and what is submitted, and the views below, are
+:mod:`.gradient_submission`'s.
 
 Gradient buckets: on CPU, every dense gradient gets a view, shaped like its parameter, in a
 flat bucket that the engine sizes (its fusion threshold) and allocates where the data plane
@@ -43,82 +47,108 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.utils.hooks import RemovableHandle
 
 from .. import collectives
-from ..collectives import Handle
 from ..compression import Compression, Compressor
 from ..compressors import GradientReducer
 from ..dtypes import ReduceOp
 from ..process_sets import ProcessSet, global_process_set, set_id_of, size_of
 from . import adasum_optimizer
-from .compressed_buckets import CompressedBuckets, buckets_for
-from .gradient_groups import check_groups, split_groups
+from .compressed_buckets import CompressedBuckets
+from .gradient_groups import Groups, check_groups, split_groups
 from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names, positive_int
-from .gradient_submission import GradientSubmitter, Pending
+from .gradient_paths import (
+    CompressedPath,
+    GradientPath,
+    Group,
+    GroupedPath,
+    LocalPath,
+    PerTensorPath,
+)
+from .gradient_submission import GradientSubmitter, RequestOptions
 
-Key = Any  # a parameter, or a tuple of parameters (a group)
+NamedParameters = Iterable[tuple[str, torch.Tensor]]
+
+
+@dataclass(frozen=True)
+class _Options:
+    """:func:`DistributedOptimizer`'s arguments, checked."""
+
+    compression: type[Compressor] | GradientReducer
+    backward_passes_per_step: int
+    op: ReduceOp
+    gradient_predivide_factor: float
+    groups: Groups
+    sparse_as_dense: bool
+    process_set: ProcessSet
+    shared_buckets: bool
 
 
 class _DistributedOptimizer(GradientHooks):
     """Mixed in before the wrapped optimizer's class (see :func:`DistributedOptimizer`)."""
 
-    def __init__(self, params: Any, named_parameters: Any,
-                 compression: type[Compressor] | GradientReducer,
-                 backward_passes_per_step: int, op: ReduceOp, gradient_predivide_factor: float,
-                 groups: Any, sparse_as_dense: bool, process_set: ProcessSet,
-                 shared_buckets: bool) -> None:
+    def __init__(self, params: list[dict[str, Any]], named_parameters: NamedParameters | None,
+                 options: _Options) -> None:
         super().__init__(params)  # type: ignore[call-arg]  # the wrapped class
         all_params = [p for group in self.param_groups for p in group["params"]]
         self._names: dict[torch.Tensor, str] = parameter_names(self.param_groups,
                                                                named_parameters)
         # A stateful compressor reduces everything at synchronize(); the stateless path
         # (per-gradient requests from the hooks) then sends nothing itself.
+        compression = options.compression
         self.compressor: GradientReducer | None = None
         stateless: type[Compressor] = Compression.none
         if isinstance(compression, GradientReducer):
-            self.compressor = compression.bind(process_set)
+            self.compressor = compression.bind(options.process_set)
         else:
             stateless = compression
-        self.backward_passes_per_step = backward_passes_per_step
-        self.op = op
-        self.gradient_predivide_factor = gradient_predivide_factor
-        self.sparse_as_dense = sparse_as_dense
-        self.process_set = process_set
-        # The requests for the gradients and the bucket views they may wait in.
-        self._submitter = GradientSubmitter(self._names, stateless, op,
-                                            gradient_predivide_factor, sparse_as_dense,
-                                            process_set)
-        self._handles: dict[Key, Pending] = {}
-        self._delay: dict[torch.Tensor, int] = {p: backward_passes_per_step
+        self.backward_passes_per_step = options.backward_passes_per_step
+        self.op = options.op
+        self.gradient_predivide_factor = options.gradient_predivide_factor
+        self.sparse_as_dense = options.sparse_as_dense
+        self.process_set = options.process_set
+        # What the requests for the gradients are, and the bucket views they may wait in.
+        self._submitter = GradientSubmitter(self._names, RequestOptions(
+            stateless, self.op, self.gradient_predivide_factor, self.sparse_as_dense,
+            self.process_set))
+        self._delay: dict[torch.Tensor, int] = {p: self.backward_passes_per_step
                                                 for p in all_params}
-        self._requires_update: list[torch.Tensor] = []
+        self._round_open = False  # a gradient was hooked since the step last ended
         self._synchronized = False
         self._synchronized_for_scaler = False
         self._should_synchronize = True
-        self._hooks: list[Any] = []
-        self._group_of: dict[torch.Tensor, tuple[torch.Tensor, ...]] = {}
-        self._group_ready: dict[tuple[torch.Tensor, ...], int] = {}
-        self._set_id = set_id_of(process_set)
-        self._communicates = bool(process_set.included()) and size_of(process_set) > 1
-        if groups is not None:
-            self._make_groups(groups, all_params)
-        self._compressed: CompressedBuckets | None = None
+        self._hooks: list[RemovableHandle] = []
+        set_id_of(self.process_set)  # raises for a set that is not registered
+        self._communicates = bool(self.process_set.included()) and size_of(self.process_set) > 1
+        # Checked on every rank, reducing or not: a bad group fails alike everywhere.
+        groups = (split_groups(options.groups, all_params, self._names)
+                  if options.groups is not None else None)
+        self._path: GradientPath = LocalPath()
         if self._communicates:
-            self._requires_update = [p for p in all_params if p.requires_grad]
-            if self.compressor is not None:
-                self._compressed = CompressedBuckets(self.compressor,
-                                                     buckets_for(self._requires_update))
-            elif shared_buckets and stateless is Compression.none:
-                self._submitter.build_buckets(self._bucket_order)
-            elif shared_buckets and stateless.wire_dtype is not None:
-                self._submitter.build_wire_buckets(self._bucket_order,
-                                                   getattr(torch, stateless.wire_dtype))
+            requires_update = [p for p in all_params if p.requires_grad]
+            self._path = self._choose_path(requires_update, groups, options.shared_buckets)
             self._hooks = [p.register_post_accumulate_grad_hook(self._on_gradient)
-                           for p in self._requires_update]
+                           for p in requires_update]
+
+    def _choose_path(self, params: list[torch.Tensor], groups: list[Group] | None,
+                     shared_buckets: bool) -> GradientPath:
+        """The one submission path of this optimizer (see :mod:`.gradient_paths`)."""
+        if self.compressor is not None:
+            return CompressedPath(self._submitter, self.compressor, params)
+        path: PerTensorPath | GroupedPath
+        if groups is not None:
+            path = GroupedPath(self._submitter, params, groups)
+        else:
+            path = PerTensorPath(self._submitter, params)
+        if shared_buckets:
+            self._submitter.build_views(path.bucket_order)
+        return path
 
     @property
     def _parameter_names(self) -> dict[torch.Tensor, str]:
@@ -126,22 +156,13 @@ class _DistributedOptimizer(GradientHooks):
         else a positional one); Horovod's own tests and some users' code read it."""
         return self._names
 
-    # ------------------------------------------------------------------ set-up
-    def _make_groups(self, groups: Any, all_params: list[torch.Tensor]) -> None:
-        for group in split_groups(groups, all_params, self._names):
-            for p in group:
-                self._group_of[p] = group
-            self._group_ready[group] = 0
+    @property
+    def _compressed(self) -> CompressedBuckets | None:
+        """A stateful compressor's buckets (None on the other paths): how they were cut."""
+        return self._path.compressed if isinstance(self._path, CompressedPath) else None
 
-    def _bucket_order(self, keep: Callable[[torch.Tensor], bool]) -> list[torch.Tensor]:
-        """The parameters ``keep`` accepts, in the order their gradients become ready."""
-        if self._group_of:  # a group's gradients back to back, in group order
-            order: list[torch.Tensor] = []
-            for g in self._group_ready:
-                order.extend(p for p in g if keep(p))
-            return order
-        # backward produces gradients roughly in reverse registration order
-        return [p for p in reversed(self._requires_update) if keep(p)]
+    def _reductions_pending(self) -> bool:
+        return self._round_open
 
     # ------------------------------------------------------------------ backward side
     def _on_gradient(self, p: torch.Tensor) -> None:
@@ -154,26 +175,10 @@ class _DistributedOptimizer(GradientHooks):
                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
                 "locally.")
         self._submitter.adopt_view(p)
+        self._round_open = True  # in flight or accumulating: zero_grad() must wait
         self._delay[p] -= 1
-        if self._delay[p] > 0:
-            self._handles.setdefault(p, (None, None))
-            return
-        if self._compressed is not None:
-            self._handles.setdefault(p, (None, None))  # in flight: zero_grad() must wait
-            self._compressed.gradient_ready(p, self._submitter.dense_gradients)
-            return
-        group = self._group_of.get(p)
-        if group is None:
-            self._handles[p] = self._submitter.submit(p)
-            return
-        self._group_ready[group] += 1
-        if self._group_ready[group] < len(group):
-            self._handles[p] = (None, None)  # waits for the rest of its group
-            return
-        for gp in group:
-            self._handles.pop(gp, None)
-        self._group_ready[group] = 0
-        self._handles[group] = self._submitter.submit_group(group)
+        if self._delay[p] == 0:
+            self._path.gradient_final(p)
 
     # ------------------------------------------------------------------ public API
     def synchronize(self) -> None:
@@ -184,43 +189,9 @@ class _DistributedOptimizer(GradientHooks):
         if not self._communicates:
             self._synchronized = True
             return
-        if self.compressor is not None:
-            self._synchronize_compressed()
-            return
-        for p in self._requires_update:
-            key = self._group_of.get(p, p)
-            pending = self._handles.get(key)
-            if pending is not None and pending[0] is not None:
-                continue  # submitted from backward
-            if isinstance(key, tuple):  # a group incomplete here: send it whole
-                for gp in key:
-                    self._handles.pop(gp, None)
-                self._group_ready[key] = 0
-                self._handles[key] = self._submitter.submit_group(key)
-            else:
-                self._handles[key] = self._submitter.submit(key)
+        self._path.submit_rest()
         try:
-            for key, (handle, ctx) in self._handles.items():
-                if callable(handle) and not isinstance(handle, Handle):
-                    key.grad = handle()
-                    continue
-                outputs = collectives.synchronize(handle)
-                if isinstance(key, tuple):
-                    for p, out, c in zip(key, outputs, ctx):
-                        self._submitter.write_back(p, out, c)
-                else:
-                    self._submitter.write_back(key, outputs, ctx)
-            self._submitter.resparsify()
-        finally:
-            self._end_round()
-        self._synchronized = True
-
-    def _synchronize_compressed(self) -> None:
-        """The stateful compressor's buckets: those backward began, then the rest, finished
-        (see :mod:`.compressed_buckets`)."""
-        assert self._compressed is not None
-        try:
-            self._compressed.synchronize(self._submitter.dense_gradients)
+            self._path.finish()
             self._submitter.resparsify()
         finally:
             self._end_round()
@@ -228,9 +199,8 @@ class _DistributedOptimizer(GradientHooks):
 
     def _end_round(self) -> None:
         """Forget this step's requests; the next backward passes count from the start."""
-        self._handles.clear()
-        if self._compressed is not None:
-            self._compressed.reset()
+        self._path.end_round()
+        self._round_open = False
         self._submitter.densified.clear()
         for p in self._delay:
             self._delay[p] = self.backward_passes_per_step
@@ -241,8 +211,7 @@ class _DistributedOptimizer(GradientHooks):
         dropped, and the next backward pass counts from the start, instead of being taken
         for one pass too many."""
         self._end_round()
-        for group in self._group_ready:
-            self._group_ready[group] = 0
+        self._path.abandon()
         self._synchronized = self._synchronized_for_scaler = False
 
     def _finish_reductions_before_unscale(self) -> None:
@@ -295,11 +264,12 @@ class _DistributedOptimizer(GradientHooks):
 
 
 def DistributedOptimizer(optimizer: torch.optim.Optimizer,
-                         named_parameters: Sequence[tuple[str, torch.Tensor]] | Any = None,
+                         named_parameters: NamedParameters | None = None,
                          compression: type[Compressor] | GradientReducer = Compression.none,
                          backward_passes_per_step: int = 1, op: Any = ReduceOp.AVERAGE,
                          gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                         groups: Any = None, sparse_as_dense: bool = False,
+                         groups: Sequence[Sequence[torch.Tensor]] | int | None = None,
+                         sparse_as_dense: bool = False,
                          process_set: ProcessSet = global_process_set, *,
                          shared_buckets: bool = True) -> torch.optim.Optimizer:
     """Wrap ``optimizer`` so that ``step()`` uses gradients averaged over the process set.
@@ -358,7 +328,7 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
                       DeprecationWarning, stacklevel=2)
         if groups is None:
             groups = num_groups
-    groups = check_groups(groups)
+    checked_groups = check_groups(groups)
     if reduce_op == ReduceOp.ADASUM:
         # Horovod: plain reduction at size 1, the delta optimizer otherwise (groups and
         # sparse_as_dense do not apply to it).
@@ -369,10 +339,9 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,
             return adasum
     mixin = _DistributedOptimizer
     cls = type(optimizer.__class__.__name__, (mixin, optimizer.__class__), {})
-    wrapped: torch.optim.Optimizer = cls(optimizer.param_groups, named_parameters, compression,
-                                         passes, reduce_op, factor, groups,
-                                         bool(sparse_as_dense), process_set,
-                                         bool(shared_buckets))
+    options = _Options(compression, passes, reduce_op, factor, checked_groups,
+                       bool(sparse_as_dense), process_set, bool(shared_buckets))
+    wrapped: torch.optim.Optimizer = cls(optimizer.param_groups, named_parameters, options)
     wrapped.defaults = optimizer.defaults
     wrapped.state = optimizer.state
     return wrapped
