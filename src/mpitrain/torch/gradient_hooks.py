@@ -62,7 +62,10 @@ class GradientHooks(torch.optim.Optimizer):
 
     def _reductions_pending(self) -> bool:
         """Whether a backward pass began what ``step()`` or ``synchronize()`` must end."""
-        raise NotImplementedError
+        # Each hook-driven optimizer keeps its own record (a mixin of torch's Optimizer cannot
+        # be an ABC: the metaclasses differ).
+        raise NotImplementedError(f"{type(self).__name__} does not say whether reductions "
+                                  "are pending")
 
     def zero_grad(self, set_to_none: bool = True) -> None:
         """Reset the gradients, as torch does; an error while reductions are pending.

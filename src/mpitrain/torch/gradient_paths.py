@@ -63,13 +63,13 @@ class LocalPath(GradientPath):
     """No reduction: nothing is hooked, so nothing is ever final here."""
 
     def gradient_final(self, p: torch.Tensor) -> None:
-        pass  # never called: a local optimizer registers no gradient hooks
+        """Never called: a local optimizer registers no gradient hooks."""
 
     def finish(self) -> None:
-        pass
+        """Nothing was submitted, so nothing to wait for."""
 
     def end_round(self) -> None:
-        pass
+        """Nothing was submitted, so nothing to forget."""
 
 
 class PerTensorPath(GradientPath):
