@@ -5,7 +5,8 @@ it into another new one, and ``decompress`` would widen that into a third: three
 allocations per call, each paid again in page faults (on 2 cores with 4 ranks, 32 MiB of
 float32 spent more time there than on a 1 Gbit/s link's 16 MiB of fp16).  Here the tensor is
 cast into a 16-bit buffer kept from call to call, reduced there in place, as
-``DistributedOptimizer``'s wire buckets are, and widened once into the result the caller owns.
+``DistributedOptimizer``'s wire buckets are, and widened once into the result the caller owns
+(recycled memory, as every collective's large output).
 
 Only the compressors that just cast take this path, and only for host (CPU) float32/float64
 tensors: a CUDA tensor's caching allocator already reuses memory, and a buffer reused across
@@ -96,10 +97,15 @@ class Narrowed:
             np.copyto(self.buffer, tensor, casting="unsafe")
 
     def widened(self) -> Any:
-        """The reduced values in the original tensor's dtype, in a new tensor."""
+        """The reduced values in the original tensor's dtype, in a new tensor: from recycled
+        memory when large, as any collective's output (:func:`mpitrain.arrays.empty_like`),
+        so a loop that drops last step's result touches mapped pages, not fresh ones."""
+        out, _ = arrays.empty_like(self.tensor)
         if arrays.is_torch(self.tensor):
-            return self.buffer.to(self.tensor.dtype)
-        return self.buffer.astype(self.tensor.dtype)
+            out.copy_(self.buffer)
+        else:
+            np.copyto(out, self.buffer, casting="unsafe")
+        return out
 
     def release(self) -> None:
         _POOL.give_back(self.tensor, self.wire, self._flat)
