@@ -133,6 +133,9 @@ PROCESS_SETS_ACROSS_A_DEATH = textwrap.dedent("""
     sums = [float(hvd.allreduce(torch.tensor([10.0 + hvd.rank()]), op=hvd.Sum, process_set=ps,
                                 name=f"after.{i}")) if ps.included() else None
             for i, ps in enumerate((low, high))]
+    # Shutdown is global, as in Horovod: a rank whose program ends fails what the others still
+    # have in flight, even on a set it is not in.  Wait for each other before leaving.
+    hvd.barrier()
     print("RESULT", hvd.rank(), hvd.size(), low.ranks, high.ranks, doomed.process_set_id,
           sums, flush=True)
 """)
