@@ -8,10 +8,10 @@ ROOT = Path(__file__).parent
 
 
 def _version() -> str:
-    for line in (ROOT / "src" / "mpitrain" / "version.py").read_text().splitlines():
+    for line in (ROOT / "src" / "mpitrain" / "core" / "version.py").read_text().splitlines():
         if line.startswith("__version__"):
             return line.split("=", 1)[1].strip().strip('"')
-    raise RuntimeError("no __version__ in src/mpitrain/version.py")
+    raise RuntimeError("no __version__ in src/mpitrain/core/version.py")
 
 
 TORCH = ["torch>=2.1"]
@@ -82,7 +82,7 @@ setup(
     },
     entry_points={
         "console_scripts": [
-            "mpitrain-info=mpitrain.info:main",
+            "mpitrain-info=mpitrain.face.info:main",
             "mpitrainrun=mpitrain.runner.launch:main",
             "mpitrain-hostfile=mpitrain.runner.hostfile_cli:main",
         ],

@@ -68,9 +68,9 @@ def worker(sizes: list[int], rounds: int, streams: list[int], result: str) -> in
     from mpi4py import MPI
 
     import mpitrain as hvd
-    from mpitrain import config as config_mod
-    from mpitrain import topology
-    from mpitrain.dtypes import ReduceOp
+    from mpitrain.core import config as config_mod
+    from mpitrain.core import topology
+    from mpitrain.core.dtypes import ReduceOp
     from mpitrain.ops import algorithms, mpi, shm
     from mpitrain.ops.group import Group
     from mpitrain.ops.reduction import Overrides, Reduction

@@ -39,7 +39,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import mpitrain as hvd
-from mpitrain import survivors
+from mpitrain.core import survivors
 
 BATCH = 32
 COMMIT_EVERY = 5  # steps between commits (a failure loses at most these)

@@ -54,9 +54,9 @@ def worker(sizes: list[int], rounds: int, result: str) -> int:
     import numpy as np
     from mpi4py import MPI
 
-    from mpitrain import config as config_mod
-    from mpitrain import topology
-    from mpitrain.dtypes import ReduceOp
+    from mpitrain.core import config as config_mod
+    from mpitrain.core import topology
+    from mpitrain.core.dtypes import ReduceOp
     from mpitrain.ops import algorithms
     from mpitrain.ops.group import Group
     from mpitrain.ops.reduction import Reduction

@@ -57,7 +57,7 @@ def _time_events(cupy: Any, fn: Any, repeats: int) -> float:
 def _kernel_row(cupy: Any, size: int, repeats: int) -> dict[str, Any]:
     from numba import cuda as numba_cuda
 
-    from mpitrain.dtypes import ReduceOp
+    from mpitrain.core.dtypes import ReduceOp
     from mpitrain.ops import reference
     from mpitrain.ops.cuda import kernel_steps, launch
     from mpitrain.ops.cuda import kernels as k
@@ -132,7 +132,7 @@ def allreduce(sizes: list[int], repeats: int) -> list[dict[str, Any]]:
     import torch
 
     import mpitrain as hvd
-    from mpitrain.dtypes import ReduceOp
+    from mpitrain.core.dtypes import ReduceOp
     from mpitrain.ops.cuda.allreduce import DeviceGroup
     from mpitrain.ops.cuda.transport import Transport
     from mpitrain.ops.reduction import Reduction

@@ -147,7 +147,7 @@ def _profile(case: _Case, calls: int) -> dict[str, float]:
 
 
 def _average_of_two() -> Any:
-    from mpitrain.dtypes import ReduceOp
+    from mpitrain.core.dtypes import ReduceOp
     from mpitrain.ops.reduction import Reduction
     return Reduction("float32", 1.0, 0.5, ReduceOp.SUM)
 

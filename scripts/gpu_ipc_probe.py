@@ -26,10 +26,10 @@ from typing import Any
 
 import numpy as np
 
-import mpitrain as hvd  # isort: skip - before mpi4py, which starts MPI (see mpitrain._mpi)
+import mpitrain as hvd  # isort: skip - before mpi4py, which starts MPI (see mpitrain.core._mpi)
 from mpi4py import MPI
 
-from mpitrain.dtypes import ReduceOp
+from mpitrain.core.dtypes import ReduceOp
 from mpitrain.ops import cuda as gpu
 from mpitrain.ops.reduction import Reduction
 

@@ -496,7 +496,7 @@ class _PreparedKernel:
         self.kernel = kernel
 
     def __call__(self, grid, block, args):
-        from mpitrain.dtypes import ReduceOp
+        from mpitrain.core.dtypes import ReduceOp
         from mpitrain.ops.cuda import kernels
 
         _count("launch")

@@ -11,7 +11,7 @@ shared-memory split groups ranks per host, and cross-host traffic crosses the ve
 Usage (as root, from a checkout with its .venv)::
 
     python tools/netns_cluster.py create --hosts 2 --slots 2 [--rate 1gbit]
-    python tools/netns_cluster.py run -np 4 python -m mpitrain.info
+    python tools/netns_cluster.py run -np 4 python -m mpitrain.face.info
     python tools/netns_cluster.py status
     python tools/netns_cluster.py destroy
 
@@ -388,7 +388,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub.add_parser("status", help="show hosts, addresses and shaping")
     p = sub.add_parser("run", help="run mpitrainrun across the cluster",
                        description="Everything after 'run' goes to mpitrainrun, e.g. "
-                                   "'run -np 4 python -m mpitrain.info'.")
+                                   "'run -np 4 python -m mpitrain.face.info'.")
     p.add_argument("args", nargs="*", help="-np N [mpitrainrun options] COMMAND")
     sub.add_parser("destroy", help="remove namespaces, links, /etc/hosts lines and state")
     head, rest = _split_run(list(sys.argv[1:] if argv is None else argv))

@@ -38,7 +38,7 @@ import torch.distributed as dist
 from torch import nn
 
 import mpitrain as hvd
-from mpitrain import files
+from mpitrain.face import files
 
 
 def _clip(args: argparse.Namespace, net: nn.Module) -> None:
@@ -243,7 +243,7 @@ class TorchDDPJob:
     """Training on stock torch DDP over Gloo or NCCL: the peers mpitrain is measured against."""
 
     def __init__(self, out: Path, backend: str) -> None:
-        from mpitrain import binding
+        from mpitrain.core import binding
 
         self.backend = backend
         self.rank = _launcher_env(("OMPI_COMM_WORLD_RANK", "PMI_RANK", "RANK"), 0)

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from mpitrain import files
+from mpitrain.face import files
 
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 PAD, UNK, CLS, SEP, MASK = range(len(SPECIAL_TOKENS))

@@ -34,7 +34,7 @@ import timeit
 from collections.abc import Callable
 
 try:
-    import mpitrain as hvd  # isort: skip - before mpi4py, which starts MPI (see mpitrain._mpi)
+    import mpitrain as hvd  # isort: skip - before mpi4py, which starts MPI (see mpitrain.core._mpi)
     import numpy as np
     import torch
     import torch.distributed as dist

@@ -67,7 +67,7 @@ try:
     )
 
     import mpitrain.torch.distributed as mdist
-    from mpitrain import files
+    from mpitrain.face import files
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import bert_data  # the example's own modules, beside it

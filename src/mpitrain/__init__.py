@@ -5,7 +5,7 @@
     ...
 
 This package is the Horovod face (``import mpitrain.torch as hvd`` is the same, with torch);
-its names are defined in ``_face.py`` and loaded the first time one is used (PEP 562), so that
+its names are defined in ``face/api.py`` and loaded the first time one is used (PEP 562), so that
 ``import mpitrain.runner`` -- ``mpitrainrun``, ``mpitrain-hostfile`` -- runs in a fraction of a
 second on a login node without torch, numba or MPI.  ``from mpitrain import allreduce``,
 ``hvd.init()``, ``dir(hvd)`` and ``from mpitrain import *`` all load the face.  The face itself
@@ -14,7 +14,7 @@ needs no torch (collectives take numpy arrays too); the torch-only names
 without torch installed they raise an ImportError naming the extra to install.
 
 Importing mpitrain does not start MPI; ``init()`` does.  It does set what MPI reads when it
-starts (see ``_mpi.prepare_environment``), so import mpitrain before mpi4py.
+starts (see ``core/_mpi.prepare_environment``), so import mpitrain before mpi4py.
 """
 
 from __future__ import annotations
@@ -23,13 +23,13 @@ import importlib
 import importlib.util
 from typing import TYPE_CHECKING, Any
 
-from . import (
+from .core import (
     _mpi,  # noqa: F401 - first: importing it sets what MPI reads when it starts
     departures,
     failure,
-    torch_adapters,
 )
-from .version import __version__ as __version__
+from .core.version import __version__ as __version__
+from .face import torch_adapters
 
 # A rank failing or ending before init() must not leave the others waiting for it.
 failure.install_import_time_hooks()
@@ -40,14 +40,14 @@ departures.watch_mpi_start()
 departures.when_running(torch_adapters.register_when_torch_loads)
 
 if TYPE_CHECKING:
-    from ._face import *  # noqa: F403 - the names type checkers see; loaded lazily below
-    from ._face import __all__ as __all__
+    from .face.api import *  # noqa: F403 - the names type checkers see; loaded lazily below
+    from .face.api import __all__ as __all__
 
 
 def _load_face() -> None:
     """Import the face and bind its names here, so later lookups never come back."""
     # The face imports numba and the engine: loaded on first use, so `import mpitrain` is light.
-    from . import _face
+    from .face import api as _face
 
     namespace = globals()
     for name in _face.__all__:
@@ -79,7 +79,7 @@ def __getattr__(name: str) -> Any:
     _load_face()
     if name in globals():
         return globals()[name]
-    from ._face import TORCH_NAMES  # already loaded by _load_face
+    from .face.api import TORCH_NAMES  # already loaded by _load_face
 
     if name in TORCH_NAMES:
         return _load_torch_name(name, TORCH_NAMES[name])

@@ -18,9 +18,9 @@ from .collectives import (
     grouped_allreduce,
 )
 from .compression import Compression
+from .core.runtime import is_initialized, local_rank, local_size, rank, size
 from .kvstore.trainer import DistributedTrainer, broadcast_parameters
 from .kvstore.updater import SGD, Adam, Optimizer
-from .runtime import is_initialized, local_rank, local_size, rank, size
 from .session import init, shutdown
 
 __all__ = [

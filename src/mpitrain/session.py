@@ -1,7 +1,7 @@
 """The job's life: ``init()`` and ``shutdown()``, the engine they start and stop, and the
 registration of process sets (which the engine negotiates).
 
-One floor above :mod:`mpitrain.runtime`: ``init()`` starts the runtime (configuration,
+One floor above :mod:`mpitrain.core.runtime`: ``init()`` starts the runtime (configuration,
 topology, communicators, device binding), then builds and starts the engine on it;
 ``shutdown()`` stops the engine, then the runtime.  Everything above (the front door in
 :mod:`mpitrain.collectives`, the adapters) reaches the engine only through :func:`engine`, so
@@ -15,13 +15,13 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from . import _mpi, departures, finalize, runtime, survivors
-from .departures import Phase
+from .core import _mpi, departures, finalize, runtime, survivors
+from .core.departures import Phase
+from .core.errors import MpitrainInternalError, not_initialized
+from .core.process_sets import ProcessSet, global_process_set, registry
 from .engine.device import cuda_awareness
 from .engine.engine import Engine
 from .engine.request import Kind, Request
-from .errors import MpitrainInternalError, not_initialized
-from .process_sets import ProcessSet, global_process_set, registry
 
 _engine: Engine | None = None
 _lock = threading.RLock()
@@ -47,9 +47,9 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
         ValueError: this process is not part of ``comm``, the rank list is malformed, or
             ``process_sets`` is a string other than ``"dynamic"``.
         TypeError: ``comm`` is neither a communicator nor a list of ranks.
-        mpitrain.launchers.LauncherMismatchError: a launcher started several processes but MPI
+        mpitrain.core.launchers.LauncherMismatchError: a launcher started several processes but MPI
             sees a world of one (torchrun, srun without PMI, another MPI's mpirun); see
-            :mod:`mpitrain.launchers`.
+            :mod:`mpitrain.core.launchers`.
     """
     global _engine, _atexit_registered, _job_comm
     if isinstance(process_sets, str) and process_sets != "dynamic":
@@ -107,7 +107,7 @@ def rebuild() -> list[int]:
 
     Elastic training calls this after a collective failed.  Every surviving rank must call it
     (it is collective over the survivors).  The engine is stopped (its requests fail), the
-    survivors agree on who they are (ULFM's shrink, see :mod:`mpitrain.survivors`), and
+    survivors agree on who they are (ULFM's shrink, see :mod:`mpitrain.core.survivors`), and
     topology, communicators, data plane and engine are built again over them: ``rank()`` and
     ``size()`` may change.  A rank dying during the rebuild makes the survivors shrink and
     build again.  Without ULFM the job is rebuilt over the communicator ``init()`` was given.
@@ -160,7 +160,7 @@ _finalize_registered = False
 
 def _finalize_with_deadline_at_exit() -> None:
     """Once ranks were lost, finish the job at exit with a deadline on MPI_Finalize (see
-    :mod:`mpitrain.finalize`): registered after init()'s shutdown, so it runs first and shuts
+    :mod:`mpitrain.core.finalize`): registered after init()'s shutdown, so it runs first and shuts
     down itself."""
     global _finalize_registered
     if _finalize_registered:

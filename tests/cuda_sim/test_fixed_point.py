@@ -10,7 +10,7 @@ NaN compared as NaN: a GPU writes its own NaN bits).
 import numpy as np
 import pytest
 
-from mpitrain.dtypes import STORAGE
+from mpitrain.core.dtypes import STORAGE
 from mpitrain.ops import fixed_point as spec
 from mpitrain.ops import reference
 from mpitrain.ops.cuda import fixed_point, kernels

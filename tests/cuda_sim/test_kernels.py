@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from numba import cuda
 
-from mpitrain.dtypes import STORAGE, ReduceOp
+from mpitrain.core.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.cuda import kernel_steps, kernels
 from mpitrain.ops.reduction import Reduction

@@ -9,8 +9,8 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from mpitrain.dtypes import ReduceOp
-from mpitrain.errors import MpitrainInternalError
+from mpitrain.core.dtypes import ReduceOp
+from mpitrain.core.errors import MpitrainInternalError
 from mpitrain.ops import reference
 
 WORLD = MPI.COMM_WORLD

@@ -15,7 +15,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from mpitrain.dtypes import STORAGE, ReduceOp
+from mpitrain.core.dtypes import STORAGE, ReduceOp
 from mpitrain.engine.device import cuda_awareness
 from mpitrain.ops import fixed_point, reference
 from mpitrain.ops.cuda.allreduce import DeviceGroup

@@ -52,7 +52,7 @@ if WHEN == "before-mpi":
 if RANK == 1 and WHEN in ("before", "before-mpi"):
     leave()
 if RANK == 1 and WHEN == "during":
-    from mpitrain import topology
+    from mpitrain.core import topology
 
     topology.build = lambda *args, **kwargs: leave()
 if RANK == 1 and WHEN == "during-engine":

@@ -35,7 +35,7 @@ import torch
 from mpi4py import MPI
 
 import mpitrain.torch as hvd
-from mpitrain import survivors
+from mpitrain.core import survivors
 
 EPOCHS, BATCH, SAMPLES, FEATURES = 3, 4, 96, 8
 

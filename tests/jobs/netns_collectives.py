@@ -16,8 +16,8 @@ import numpy as np
 import torch
 
 import mpitrain as hvd
-from mpitrain import runtime
-from mpitrain.dtypes import ReduceOp
+from mpitrain.core import runtime
+from mpitrain.core.dtypes import ReduceOp
 from mpitrain.ops import reference
 
 TORCH = {"float32": torch.float32, "float64": torch.float64, "int32": torch.int32,

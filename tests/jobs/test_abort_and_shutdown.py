@@ -239,13 +239,13 @@ def test_issue_layout_command(np_, local_size, expected):
 
 
 def test_info_diagnostic():
-    result = run_job(4, [sys.executable, "-m", "mpitrain.info"],
+    result = run_job(4, [sys.executable, "-m", "mpitrain.face.info"],
                      env={"MPITRAIN_LOCAL_SIZE": "2"}, timeout=60)
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "4 ranks on 2 node(s) (emulated)" in out
     assert "MPI_THREAD_MULTIPLE" in out and "allreduce check" in out and ": ok" in out
-    json_run = run_job(2, [sys.executable, "-m", "mpitrain.info", "--json"], timeout=60)
+    json_run = run_job(2, [sys.executable, "-m", "mpitrain.face.info", "--json"], timeout=60)
     import json
 
     info = json.loads(json_run.stdout)

@@ -34,7 +34,7 @@ CASES = [
     pytest.param(4, {"0": [0, 2], "3": [1, 1]}, [4, 3, 2], id="np4-rank0-then-rank3-killed"),
     # Rank 2 dies inside the survivors' rebuild: rank 0 shrinks again and goes on alone.  In
     # about 1 run of 20-30 Open MPI 5.0.11's MPI_Finalize then never returns (gdb:
-    # ompi_mpi_finalize sleeping); mpitrain.finalize's deadline ends the process after 20 s
+    # ompi_mpi_finalize sleeping); mpitrain.core.finalize's deadline ends the process after 20 s
     # with status 0 instead of hanging.
     pytest.param(3, {"1": [0, 3], "2": "rebuild"}, [3, 1], id="np3-a-death-inside-the-rebuild"),
 ]

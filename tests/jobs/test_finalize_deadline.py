@@ -1,4 +1,4 @@
-"""MPI_Finalize with a deadline (mpitrain.finalize): a finalize that hangs ends the process
+"""MPI_Finalize with a deadline (mpitrain.core.finalize): a finalize that hangs ends the process
 with the status it was going to have, and a real one returns and leaves mpi4py's exit quiet.
 Each case runs in its own Python process (MPI starts there as a singleton)."""
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import pytest
 
-from mpitrain.version import __version__
+from mpitrain.core.version import __version__
 from support import ROOT, run_command
 
 pytestmark = pytest.mark.timeout(900)

@@ -141,7 +141,7 @@ def test_plain_python_opt_out_and_mpirun_are_untouched(script):
                     _env({"WORLD_SIZE": "2", "RANK": "1", "MPITRAIN_ALLOW_SINGLETON": "1"})),
         "mpirun": (mpirun_command(1, [sys.executable, str(script)]), _env(outer)),
     })
-    # init() exports MPI's world for libraries (mpitrain.job_env): a world of one everywhere.
+    # init() exports MPI's world for libraries (mpitrain.core.job_env): a world of one everywhere.
     expected = {"plain": "1", "opt-out": "1", "mpirun": "1"}
     for label, result in results.items():
         assert result.returncode == 0, (label, result.stderr)

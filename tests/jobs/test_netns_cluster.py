@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mpitrain import config
+from mpitrain.core import config
 from support import ROOT, job_env, netns_tool, require_namespace_cluster
 
 pytestmark = pytest.mark.netns
@@ -90,7 +90,7 @@ def test_autogroup_scheduling_is_off_while_the_cluster_exists(cluster):
 
 
 def test_layout_is_detected_per_host(cluster):
-    result = launch(cluster, [sys.executable, "-m", "mpitrain.info", "--json"])
+    result = launch(cluster, [sys.executable, "-m", "mpitrain.face.info", "--json"])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     info = json.loads(result.stdout[result.stdout.index("{"):])
     assert info["size"] == 4 and info["nodes"] == 2 and not info["emulated_nodes"]

@@ -44,10 +44,10 @@ os.environ["MPITRAIN_STALL_CHECK_TIME_SECONDS"] = "0.5"
 os.environ["MPITRAIN_STALL_SHUTDOWN_TIME_SECONDS"] = "1.5"
 
 from mpitrain import collectives  # noqa: E402
-from mpitrain.dtypes import ReduceOp  # noqa: E402
-from mpitrain.errors import MpitrainInternalError  # noqa: E402
+from mpitrain.core.dtypes import ReduceOp  # noqa: E402
+from mpitrain.core.errors import MpitrainInternalError  # noqa: E402
+from mpitrain.core.process_sets import ProcessSet, global_process_set  # noqa: E402
 from mpitrain.ops import reference  # noqa: E402
-from mpitrain.process_sets import ProcessSet, global_process_set  # noqa: E402
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

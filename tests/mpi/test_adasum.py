@@ -13,9 +13,10 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from mpitrain import config as config_mod
-from mpitrain import ops, topology
-from mpitrain.dtypes import ReduceOp
+from mpitrain import ops
+from mpitrain.core import config as config_mod
+from mpitrain.core import topology
+from mpitrain.core.dtypes import ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.group import Group
 

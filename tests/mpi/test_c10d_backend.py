@@ -32,7 +32,7 @@ R = dist.ReduceOp
 def pg(hvd):
     for var in ("MASTER_ADDR", "MASTER_PORT"):
         assert var not in os.environ
-    # mpirun set no RANK/WORLD_SIZE; init() exported MPI's (mpitrain.job_env).
+    # mpirun set no RANK/WORLD_SIZE; init() exported MPI's (mpitrain.core.job_env).
     assert (os.environ["RANK"], os.environ["WORLD_SIZE"]) == (str(RANK), str(SIZE))
     dist.init_process_group(backend="mpitrain")
     yield dist.group.WORLD

@@ -7,7 +7,7 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from mpitrain.dtypes import ReduceOp
+from mpitrain.core.dtypes import ReduceOp
 from mpitrain.ops import reference
 
 WORLD = MPI.COMM_WORLD
@@ -341,7 +341,7 @@ def test_compressed_allreduce_of_a_large_tensor_returns_recycled_memory(hvd, mon
     """The widened result of a large call comes from the recycler that every collective's
     large output uses, so a loop dropping last step's result touches mapped pages (a fresh
     32 MiB result cost 20 ms of page faults a call on this machine)."""
-    from mpitrain import arrays
+    from mpitrain.collectives import arrays
 
     taken = []
     real_take = arrays.RECYCLER.take

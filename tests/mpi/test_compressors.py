@@ -20,7 +20,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_p
 from torch.nn.parallel import DistributedDataParallel as TorchDDP
 
 import mpitrain as hvd_module
-from mpitrain.compressors import powersgd, sparse
+from mpitrain.compression.stateful import powersgd, sparse
 from mpitrain.torch.nn.parallel import DistributedDataParallel as DDP
 
 WORLD = MPI.COMM_WORLD

@@ -18,9 +18,9 @@ import pytest
 import torch
 from mpi4py import MPI
 
-from mpitrain import config as config_mod
-from mpitrain import topology
-from mpitrain.dtypes import STORAGE, ReduceOp
+from mpitrain.core import config as config_mod
+from mpitrain.core import topology
+from mpitrain.core.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import algorithms, fixed_point, reference
 from mpitrain.ops.group import Group
 from mpitrain.ops.reduction import Overrides, Reduction

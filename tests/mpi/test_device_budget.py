@@ -36,7 +36,7 @@ fake_cuda.count_simulator_launches()
 
 from numba import cuda as numba_cuda  # noqa: E402
 
-from mpitrain.dtypes import STORAGE, ReduceOp  # noqa: E402
+from mpitrain.core.dtypes import STORAGE, ReduceOp  # noqa: E402
 from mpitrain.engine import device  # noqa: E402
 from mpitrain.ops.cuda import allreduce as device_allreduce  # noqa: E402
 from mpitrain.ops.cuda import ipc, kernels, launch, streams, transport  # noqa: E402

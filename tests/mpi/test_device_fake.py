@@ -24,7 +24,7 @@ cupy = fake_cuda.install_cupy()
 
 from numba import cuda as numba_cuda  # noqa: E402
 
-from mpitrain.dtypes import ReduceOp  # noqa: E402
+from mpitrain.core.dtypes import ReduceOp  # noqa: E402
 from mpitrain.ops import reference  # noqa: E402
 from mpitrain.ops.cuda import ipc, kernels, launch, streams  # noqa: E402
 from mpitrain.ops.cuda.allreduce import DeviceGroup  # noqa: E402

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from mpitrain.dtypes import ReduceOp
+from mpitrain.core.dtypes import ReduceOp
+from mpitrain.core.errors import MpitrainInternalError
 from mpitrain.engine.request import Entry, Kind, Request
-from mpitrain.errors import MpitrainInternalError
 
 MPI_CONFIGS = ("np2",)
 WORLD = MPI.COMM_WORLD

@@ -189,7 +189,7 @@ def test_broadcast_and_allgather_object_carry_functions_like_horovod(hvd):
 # ----------------------------------------------------------- issue 37: what Horovod raises
 @pytest.mark.parametrize("kind", ["shape", "dtype", "root"])
 def test_a_mismatch_between_ranks_is_a_runtime_error_as_in_horovod(hvd, kind):
-    from mpitrain.errors import CollectiveMismatchError
+    from mpitrain.core.errors import CollectiveMismatchError
 
     with pytest.raises(RuntimeError, match="mismatched") as caught:
         if kind == "shape":

@@ -321,7 +321,7 @@ def test_trainer_refuses_misuse(hvd):
 def test_stateful_compressors_push_the_sum_their_reducer_makes(kv, params):
     """A push through set_gradient_compression sums what the compressor itself would (its
     error memory carried across pushes), identically on every rank."""
-    from mpitrain.compressors import OneBit, PowerSGD, TopK
+    from mpitrain.compression.stateful import OneBit, PowerSGD, TopK
 
     kv.set_gradient_compression(params)
     twin = {"topk": lambda: TopK(0.4), "onebit": OneBit,

@@ -17,7 +17,7 @@ import pytest
 from mpi4py import MPI
 
 from mpitrain import collectives
-from mpitrain.errors import MpitrainInternalError
+from mpitrain.core.errors import MpitrainInternalError
 
 RANK, SIZE = MPI.COMM_WORLD.Get_rank(), MPI.COMM_WORLD.Get_size()
 MPI_CONFIGS = ("np2", "np3")

@@ -15,8 +15,9 @@ import torch
 from mpi4py import MPI
 
 import mpitrain
-from mpitrain import runtime, session
-from mpitrain.scopes import local_process_set
+from mpitrain import session
+from mpitrain.core import runtime
+from mpitrain.face.scopes import local_process_set
 
 WORLD = MPI.COMM_WORLD
 RANK, SIZE = WORLD.Get_rank(), WORLD.Get_size()

@@ -24,7 +24,7 @@ try:
 
     import mpitrain
     import mpitrain.tensorflow as htf
-    from mpitrain.errors import CollectiveMismatchError, MpitrainInternalError
+    from mpitrain.core.errors import CollectiveMismatchError, MpitrainInternalError
 except ModuleNotFoundError:  # collected and skipped (a module skip would collect nothing)
     keras = tf = htf = None
 

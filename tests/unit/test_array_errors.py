@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mpitrain import arrays
+from mpitrain.collectives import arrays
 
 
 def test_non_tensor_names_the_argument_and_the_value():

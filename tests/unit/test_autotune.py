@@ -6,7 +6,7 @@ import math
 import numpy as np
 import pytest
 
-from mpitrain import config
+from mpitrain.core import config
 from mpitrain.engine import autotune, autotune_sync
 from mpitrain.engine.autotune import (
     PARAMETERS,

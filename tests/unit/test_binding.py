@@ -1,6 +1,6 @@
 import os
 
-from mpitrain import binding
+from mpitrain.core import binding
 
 
 def test_thread_share_divides_cores(monkeypatch):

@@ -4,7 +4,7 @@ mpitrain.engine.buckets.plan's, tested with it)."""
 
 import torch
 
-from mpitrain.compressors import GradientReducer
+from mpitrain.compression.stateful import GradientReducer
 from mpitrain.torch.compressed_buckets import CompressedBuckets
 
 MIB = 1 << 20

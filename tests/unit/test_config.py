@@ -2,7 +2,7 @@ import warnings
 
 import pytest
 
-from mpitrain import config
+from mpitrain.core import config
 
 
 def test_defaults_without_environment():

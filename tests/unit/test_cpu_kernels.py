@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mpitrain.dtypes import STORAGE, ReduceOp
+from mpitrain.core.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.kernels import cpu
 from mpitrain.ops.reduction import Reduction

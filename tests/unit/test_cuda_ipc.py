@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from mpitrain.dtypes import STORAGE, ReduceOp
+from mpitrain.core.dtypes import STORAGE, ReduceOp
 from mpitrain.ops import reference
 from mpitrain.ops.cuda import ipc
 from mpitrain.ops.reduction import Reduction

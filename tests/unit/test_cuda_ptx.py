@@ -15,7 +15,7 @@ import sys
 import numpy as np
 import pytest
 
-from mpitrain.dtypes import FLOATING, STORAGE, ReduceOp
+from mpitrain.core.dtypes import FLOATING, STORAGE, ReduceOp
 from mpitrain.ops.cuda import kernel_steps, kernels, ptx
 from mpitrain.ops.reduction import Reduction
 from support import ROOT

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 import torch
 
-from mpitrain import arrays, config
+from mpitrain.collectives import arrays
+from mpitrain.core import config
 from mpitrain.ops import cuda as ops_cuda
 from mpitrain.ops.cuda import probe as cuda_probe
 from support import ROOT
@@ -69,7 +70,7 @@ def test_the_device_layer_and_the_kernels_refuse_without_a_gpu():
 
 
 def test_a_tensor_on_another_device_than_the_bound_one(monkeypatch):
-    from mpitrain import runtime
+    from mpitrain.core import runtime
 
     class State:
         device = 0
@@ -99,5 +100,5 @@ def test_cuda_aware_setting_parses_and_warns_on_nonsense():
 
 
 def test_runtime_reports_no_cuda_build():
-    from mpitrain import runtime
+    from mpitrain.core import runtime
     assert runtime.cuda_built() is False

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from mpitrain import elastic_control
+from mpitrain.core import elastic_control
 from mpitrain.runner.discovery import (
     Blacklist,
     DiscoveryError,

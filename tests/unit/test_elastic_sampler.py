@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from mpitrain import runtime
+from mpitrain.core import runtime
 from mpitrain.torch.elastic import ElasticSampler
 
 

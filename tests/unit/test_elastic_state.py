@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import mpitrain as hvd
-from mpitrain import runtime
+from mpitrain.core import runtime
 from mpitrain.elastic import (
     HorovodInternalError,
     HostsUpdatedInterrupt,

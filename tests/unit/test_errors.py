@@ -2,7 +2,7 @@
 
 import pytest
 
-from mpitrain.errors import ranks_text
+from mpitrain.core.errors import ranks_text
 
 
 @pytest.mark.parametrize("ranks, text", [

@@ -11,7 +11,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from mpitrain.dtypes import STORAGE
+from mpitrain.core.dtypes import STORAGE
 from mpitrain.ops import fixed_point, ordered, reference
 from mpitrain.ops.reduction import Reduction, check_floating
 from mpitrain.ops.scratch import Scratch

@@ -34,12 +34,12 @@ def test_horovod_modules_are_mpitraines_own_objects(tmp_path):
         import horovod, horovod.torch as hvd, horovod.torch.elastic
         from horovod.torch.mpi_ops import allreduce
         from horovod.common.exceptions import HorovodInternalError, HostsUpdatedInterrupt
-        import mpitrain, mpitrain.torch, mpitrain.errors
+        import mpitrain, mpitrain.torch, mpitrain.core.errors
         assert hvd is mpitrain.torch
         assert horovod.torch.elastic is mpitrain.torch.elastic
         assert hvd.DistributedOptimizer is mpitrain.DistributedOptimizer
         assert allreduce is mpitrain.allreduce
-        assert HorovodInternalError is mpitrain.errors.HorovodInternalError
+        assert HorovodInternalError is mpitrain.core.errors.HorovodInternalError
         # Not a second copy: the module keeps its own spec and name.
         assert mpitrain.torch.__spec__.name == "mpitrain.torch"
         assert horovod.__version__.startswith("0.28.1+mpitrain.")

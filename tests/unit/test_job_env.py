@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from mpitrain import job_env
+from mpitrain.core import job_env
 
 
 @pytest.fixture

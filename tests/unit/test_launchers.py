@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mpitrain import config, launchers
-from mpitrain.errors import MpitrainInternalError
+from mpitrain.core import config, launchers
+from mpitrain.core.errors import MpitrainInternalError
 
 OPEN_MPI = "Open MPI v5.0.11, package: Open MPI user@localhost Distribution, ident: 5.0.11"
 MPICH = "MPICH Version:      4.2.0"

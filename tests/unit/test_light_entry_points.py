@@ -80,7 +80,7 @@ def test_launcher_help_and_hostfile_tool_run_without_site_packages(tmp_path):
 
 def test_face_names_and_submodules_through_the_root():
     import mpitrain
-    from mpitrain import _face
+    from mpitrain.face import api as _face
 
     assert mpitrain.__all__ == sorted([*_face.__all__, *_face.TORCH_NAMES])
     assert set(mpitrain.__all__) <= set(dir(mpitrain))
@@ -89,7 +89,7 @@ def test_face_names_and_submodules_through_the_root():
     from mpitrain.torch import optimizer
 
     assert mpitrain.DistributedOptimizer is optimizer.DistributedOptimizer
-    assert mpitrain.runtime.__name__ == "mpitrain.runtime"  # a submodule, imported on access
+    assert mpitrain.core.__name__ == "mpitrain.core"  # a submodule, imported on access
     with pytest.raises(AttributeError, match="no_such_name"):
         mpitrain.no_such_name  # noqa: B018
     namespace: dict[str, object] = {}

@@ -4,8 +4,8 @@ import gc
 
 import torch
 
-from mpitrain import arrays
-from mpitrain.memory import Recycler, page_aligned_empty
+from mpitrain.collectives import arrays
+from mpitrain.core.memory import Recycler, page_aligned_empty
 from mpitrain.ops import channels
 
 

@@ -10,10 +10,11 @@ import stat
 
 import pytest
 
-from mpitrain import elastic_control, files, private
-from mpitrain.config import Config
+from mpitrain.core import elastic_control, private
+from mpitrain.core.config import Config
 from mpitrain.engine.autotune import Autotuner, CoordinateSearch, start_setting
 from mpitrain.engine.timeline import Timeline
+from mpitrain.face import files
 
 
 @pytest.fixture(autouse=True)

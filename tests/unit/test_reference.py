@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from mpitrain.dtypes import ReduceOp, check_reduce_supported
+from mpitrain.core.dtypes import ReduceOp, check_reduce_supported
 from mpitrain.ops import reference
 
 

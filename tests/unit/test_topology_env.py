@@ -1,6 +1,6 @@
 import pytest
 
-from mpitrain import topology
+from mpitrain.core import topology
 
 
 def test_first_launcher_variable_wins():

@@ -11,7 +11,7 @@ import mpitrain
 from mpitrain.collectives import buckets as gradient_buckets
 from mpitrain.engine import buckets
 from mpitrain.engine.request import Completion, Handle, Kind, Request
-from mpitrain.scopes import check_scope
+from mpitrain.face.scopes import check_scope
 from mpitrain.torch.c10d import reduce_ops, rendezvous
 from mpitrain.torch.c10d.work import Progress, Work
 from mpitrain.torch.nn.parallel.reducer import reachable_parameters

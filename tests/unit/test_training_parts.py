@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from mpitrain import files
+from mpitrain.face import files
 from mpitrain.torch.checkpoint import checkpoint_glob, latest_checkpoint
 from mpitrain.torch.sampler import DistributedSampler
 

@@ -3,7 +3,7 @@
 Each function returns Markdown; the site's build (:mod:`hooks`) puts it where a page says
 ``<!-- generated: NAME -->``.  ``python tools/docs/generate.py NAME`` prints one.
 
-- ``config-reference``: every variable of ``mpitrain.config.VARIABLES`` with its default,
+- ``config-reference``: every variable of ``mpitrain.core.config.VARIABLES`` with its default,
   aliases and meaning, and which settings every rank must share (``config.MUST_AGREE``).
 - ``horovod-parity``: Horovod 0.28.1's public names, face by face, as
   ``tests/parity/horovod_0_28_1.json`` records them (the data ``tests/unit/test_horovod_parity.py``
@@ -37,7 +37,7 @@ def _cell(text: object) -> str:
 
 
 def config_reference() -> str:
-    from mpitrain import config
+    from mpitrain.core import config
 
     defaults = {f.name: f.default for f in fields(config.Config)}
     must_agree = set(config.MUST_AGREE)
@@ -150,7 +150,7 @@ def mpitrainrun_help() -> str:
 
 def torch_api() -> str:
     """mkdocstrings blocks for the torch-only names of the hvd face, from ``TORCH_NAMES``."""
-    from mpitrain._face import TORCH_NAMES
+    from mpitrain.face.api import TORCH_NAMES
 
     return "\n".join(f"::: mpitrain.torch.{module}.{name}\n"
                      for name, module in TORCH_NAMES.items())

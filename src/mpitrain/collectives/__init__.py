@@ -3,7 +3,8 @@
 Adapters (:mod:`mpitrain.torch`, :mod:`mpitrain.tensorflow`, :mod:`mpitrain.kvstore`, the
 hvd face) call these functions and never the engine or the data plane.  Every function
 validates its arguments at the call (bad input raises ``ValueError`` or ``TypeError`` naming
-the value), turns the arrays into engine entries without copying (:mod:`mpitrain.arrays`), and
+the value), turns the arrays into engine entries without copying
+(:mod:`mpitrain.collectives.arrays`), and
 submits one named request.  The ``_async`` forms return a handle for :func:`poll` and
 :func:`synchronize`; a trailing underscore means in place.  Autograd lives one layer up, in
 :mod:`mpitrain.torch.mpi_ops`.
@@ -17,8 +18,8 @@ Files: :mod:`.requests` (validation, naming, submission, handles), :mod:`.reduce
 :mod:`.control` (barrier, join, timeline), :mod:`.buckets` (gradient buckets the engine sizes).
 """
 
+from ..core.errors import MpitrainInternalError
 from ..engine.request import Handle
-from ..errors import MpitrainInternalError
 from .control import barrier, barrier_async, join, start_timeline, stop_timeline
 from .gather import (
     allgather,

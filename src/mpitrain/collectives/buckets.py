@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from .. import session
+from ..core.process_sets import ProcessSet, set_id_of
 from ..engine.buckets import FIRST_BUCKET_BYTES
-from ..process_sets import ProcessSet, set_id_of
 
 Allocate = Callable[[int], np.ndarray]
 DtypeOf = Callable[[torch.Tensor], Any]  # a parameter -> the element type of its view

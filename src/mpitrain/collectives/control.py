@@ -4,8 +4,8 @@ process set: everything an adapter needs from the engine besides moving tensors.
 from __future__ import annotations
 
 from .. import session
+from ..core.process_sets import ProcessSet, global_process_set, set_id_of
 from ..engine.request import Handle, Kind, Request
-from ..process_sets import ProcessSet, global_process_set, set_id_of
 from .requests import request_name, submit, synchronize
 
 

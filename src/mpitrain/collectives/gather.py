@@ -9,9 +9,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import arrays, session
+from .. import session
+from ..core.process_sets import ProcessSet, global_process_set, set_id_of
 from ..engine.request import Entry, Handle, Kind, Request
-from ..process_sets import ProcessSet, global_process_set, set_id_of
+from . import arrays
 from .requests import (
     as_list,
     device_kind,

@@ -5,12 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from .. import arrays
-from ..casts import Compressor, NoneCompressor
-from ..dtypes import check_reduce_supported
+from ..core.dtypes import check_reduce_supported
+from ..core.process_sets import ProcessSet, global_process_set, set_id_of
 from ..engine.request import Entry, Handle, Kind, Request
-from ..process_sets import ProcessSet, global_process_set, set_id_of
-from . import wire
+from . import arrays, wire
+from .casts import Compressor, NoneCompressor
 from .requests import (
     Average,
     as_list,

@@ -15,13 +15,14 @@ from typing import Any
 
 import numpy as np
 
-from .. import arrays, session
-from ..adasum_layout import check_layout
-from ..dtypes import ReduceOp
+from .. import session
+from ..core.adasum_layout import check_layout
+from ..core.dtypes import ReduceOp
+from ..core.errors import MpitrainInternalError
+from ..core.process_sets import ProcessSet, set_id_of
 from ..engine import device
 from ..engine.request import Entry, Handle, Kind, Request, refusal
-from ..errors import MpitrainInternalError
-from ..process_sets import ProcessSet, set_id_of
+from . import arrays
 
 Average = ReduceOp.AVERAGE
 Sum = ReduceOp.SUM
@@ -60,7 +61,7 @@ def check_adasum(reduce_op: ReduceOp, set_id: int) -> None:
 
 
 def check_adasum_layout(process_set: ProcessSet) -> None:
-    """Raise :class:`mpitrain.adasum_layout.AdasumLayoutError` unless ``process_set`` can run
+    """Raise :class:`mpitrain.core.adasum_layout.AdasumLayoutError` unless ``process_set`` can run
     Adasum (a rank outside the set has nothing to check)."""
     check_adasum(Adasum, set_id_of(process_set))
 

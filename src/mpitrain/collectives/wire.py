@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import arrays
-from ..casts import BF16Compressor, FP16Compressor, numpy_wire_dtype
+from . import arrays
+from .casts import BF16Compressor, FP16Compressor, numpy_wire_dtype
 
 # The compressors whose compress() is exactly "cast to wire_dtype" (a subclass may override it).
 _CASTS = (FP16Compressor, BF16Compressor)
@@ -98,7 +98,8 @@ class Narrowed:
 
     def widened(self) -> Any:
         """The reduced values in the original tensor's dtype, in a new tensor: from recycled
-        memory when large, as any collective's output (:func:`mpitrain.arrays.empty_like`),
+        memory when large, as any collective's output
+        (:func:`mpitrain.collectives.arrays.empty_like`),
         so a loop that drops last step's result touches mapped pages, not fresh ones."""
         out, _ = arrays.empty_like(self.tensor)
         if arrays.is_torch(self.tensor):

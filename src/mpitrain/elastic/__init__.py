@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-from ..errors import ElasticLimitError, HorovodInternalError, HostsUpdatedInterrupt
+from ..core.errors import ElasticLimitError, HorovodInternalError, HostsUpdatedInterrupt
 from ..session import init, shutdown
 from .driver import run, run_fn
 from .state import HostUpdateResult, ObjectState, State

@@ -24,8 +24,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from .. import collectives, elastic_control, failure, runtime, session
-from ..errors import (
+from .. import collectives, session
+from ..core import elastic_control, failure, runtime
+from ..core.errors import (
     ElasticLimitError,
     HorovodInternalError,
     HostsUpdatedInterrupt,

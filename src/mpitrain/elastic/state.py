@@ -22,8 +22,9 @@ import queue
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .. import elastic_control, files, runtime
-from ..errors import HostsUpdatedInterrupt
+from ..core import elastic_control, runtime
+from ..core.errors import HostsUpdatedInterrupt
+from ..face import files
 
 
 class HostUpdateResult(enum.IntFlag):
@@ -129,7 +130,7 @@ class State:
 
     def _poll_driver(self) -> None:
         """Rank 0, under ``mpitrainrun --host-discovery-script``: take the driver's latest
-        notice (see :mod:`mpitrain.elastic_control`); the broadcast in
+        notice (see :mod:`mpitrain.core.elastic_control`); the broadcast in
         :meth:`check_host_updates` hands it to every rank."""
         if not runtime.is_initialized() or self._rank() != 0:
             return

@@ -45,8 +45,8 @@ import time
 from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import IO, Any, NamedTuple
 
-from .. import private
-from ..config import Config, MiB
+from ..core import private
+from ..core.config import Config, MiB
 
 # The clock samples are timed with; tests replace it (per rank) to inject timing noise.
 clock: Callable[[], float] = time.monotonic

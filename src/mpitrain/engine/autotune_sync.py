@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..config import ALLREDUCE_ALGORITHMS, Config
+from ..core.config import ALLREDUCE_ALGORITHMS, Config
 from .autotune import Autotuner, CoordinateSearch, Setting, grids, start_setting
 
 WORDS = 6  # generation, fusion threshold, cycle time (float64 bits), algorithm, channels, frozen

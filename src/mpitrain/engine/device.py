@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..dtypes import STORAGE, ReduceOp
+from ..core.dtypes import STORAGE, ReduceOp
 from ..ops import allreduce as host_allreduce
 from ..ops.cuda import available, require
 from ..ops.group import Group

@@ -20,10 +20,10 @@ from typing import Any
 
 import numpy as np
 
-from .. import survivors, topology
-from ..config import Config
-from ..dtypes import STORAGE
-from ..errors import CollectiveMismatchError, MpitrainInternalError, ranks_text
+from ..core import survivors, topology
+from ..core.config import Config
+from ..core.dtypes import STORAGE
+from ..core.errors import CollectiveMismatchError, MpitrainInternalError, ranks_text
 from ..ops.kernels import cpu
 from . import autotune_sync, buckets
 from .autotune import Setting, start_setting

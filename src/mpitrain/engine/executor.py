@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import ops
-from ..dtypes import STORAGE, ReduceOp
+from ..core.dtypes import STORAGE, ReduceOp
 from .device import DeviceLayer, is_cuda
 from .fusion import Piece, plan
 from .negotiation import Response

@@ -34,8 +34,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..config import Config
-from ..errors import ranks_text
+from ..core.config import Config
+from ..core.errors import ranks_text
 from .cache import ResponseCache
 from .mpi_wait import wait_for
 from .request import Kind, Request, RequestMeta, describe_mismatch, refused_because

@@ -19,8 +19,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ..dtypes import ReduceOp
-from ..errors import CollectiveMismatchError, MpitrainInternalError
+from ..core.dtypes import ReduceOp
+from ..core.errors import CollectiveMismatchError, MpitrainInternalError
 
 
 class Kind(enum.IntEnum):

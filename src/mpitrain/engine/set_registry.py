@@ -3,8 +3,8 @@ in each, the counters that name unnamed requests, and adding or removing a set.
 
 Separate from :mod:`.engine`, which runs the cycles: this is the engine's bookkeeping of sets,
 the same for the global set opened at start and for every set added later.  (The
-:class:`~mpitrain.process_sets.ProcessSet` objects users hold, and their ids, are
-:mod:`mpitrain.process_sets`'s; this registry keeps what the engine needs to run each one.)
+:class:`~mpitrain.core.process_sets.ProcessSet` objects users hold, and their ids, are
+:mod:`mpitrain.core.process_sets`'s; this registry keeps what the engine needs to run each one.)
 
 Adding a set is collective over the whole job: the engine adds it when the global set's round
 decides the request, at the same point of the global order on every rank, and the global
@@ -23,8 +23,9 @@ from collections.abc import Callable
 import numpy as np
 from mpi4py import MPI
 
-from .. import ops, topology
-from ..config import Config
+from .. import ops
+from ..core import topology
+from ..core.config import Config
 from .autotune import Setting
 from .mpi_wait import wait_for
 from .negotiation import Response

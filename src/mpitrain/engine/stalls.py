@@ -15,7 +15,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
-from ..config import Config
+from ..core.config import Config
 from .request import Kind, Request
 
 

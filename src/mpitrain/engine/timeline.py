@@ -15,7 +15,7 @@ import threading
 import time
 from typing import IO, Any
 
-from .. import private
+from ..core import private
 
 
 class Timeline:

@@ -22,7 +22,7 @@ if keras.backend.backend() != "tensorflow":  # pragma: no cover - depends on KER
 
 from ..collectives import Adasum, Average, Sum, start_timeline, stop_timeline
 from ..compression import Compressor
-from ..process_sets import ProcessSet, global_process_set
+from ..core.process_sets import ProcessSet, global_process_set
 from ..tensorflow import basics
 from ..tensorflow.basics import *  # noqa: F403 - init, shutdown and the queries: basics.__all__
 from ..tensorflow.compression import Compression

@@ -12,9 +12,9 @@
   decodes and sums them, identically;
 * ``{"type": "powersgd", "rank": r, "start_iter": n, "min_compression_rate": c}``,
   ``{"type": "topk", "ratio": q}``, ``{"type": "onebit"}``: the compressors of
-  :mod:`mpitrain.compressors` (PowerSGD's warm-up counts pushes).
+  :mod:`mpitrain.compression.stateful` (PowerSGD's warm-up counts pushes).
 
-Every stateful one (2bit included) is a :class:`mpitrain.compressors.GradientReducer` asked
+Every stateful one (2bit included) is a :class:`mpitrain.compression.stateful.GradientReducer` asked
 for the sum of each push, keyed by the KVStore key; it runs when the push is made (its
 exchange has steps that depend on each other), so those pushes do not overlap later work.
 """
@@ -29,7 +29,7 @@ import torch
 from .. import collectives
 from ..collectives import Handle
 from ..compression import Compression
-from ..compressors import GradientReducer, OneBit, PowerSGD, TopK, TwoBit, sparse
+from ..compression.stateful import GradientReducer, OneBit, PowerSGD, TopK, TwoBit, sparse
 
 Finish = Callable[[Any], torch.Tensor]
 

@@ -18,8 +18,9 @@ from typing import Any
 
 import torch
 
-from .. import collectives, runtime, session
-from .. import files as _files
+from .. import collectives, session
+from ..core import runtime
+from ..face import files as _files
 from .compression import Finish, GradientCompression
 from .updater import Optimizer, Updater, as_torch
 

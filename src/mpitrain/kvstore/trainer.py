@@ -22,9 +22,9 @@ from typing import Any
 import torch
 
 from .. import collectives
-from .. import files as _files
 from ..compression import Compression, Compressor
-from ..process_sets import ProcessSet, global_process_set, size_of
+from ..core.process_sets import ProcessSet, global_process_set, size_of
+from ..face import files as _files
 from ..torch.functions import broadcast_parameters as _broadcast_parameters
 from .store import KVStore
 from .store import create as create_kvstore

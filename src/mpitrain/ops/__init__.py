@@ -18,7 +18,7 @@ import os
 # output, after `mpitrain-info --json`'s JSON too.  A user's own setting wins.
 os.environ.setdefault("NUMBA_DISABLE_ERROR_MESSAGE_HIGHLIGHTING", "1")
 
-from ..dtypes import FLOATING, INTEGER, STORAGE, ReduceOp, check_reduce_supported, itemsize
+from ..core.dtypes import FLOATING, INTEGER, STORAGE, ReduceOp, check_reduce_supported, itemsize
 from .adasum import AdasumLayoutError, check_layout
 from .algorithms import (
     allgather,

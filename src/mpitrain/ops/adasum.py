@@ -39,8 +39,8 @@ from typing import Any, Protocol
 import numpy as np
 from mpi4py import MPI
 
-from ..adasum_layout import AdasumLayoutError, check_layout
-from ..dtypes import FLOATING, STORAGE
+from ..core.adasum_layout import AdasumLayoutError, check_layout
+from ..core.dtypes import FLOATING, STORAGE
 from .group import Group
 from .kernels import adasum as kernels
 from .kernels import cpu

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import ReduceOp
+from ..core.dtypes import ReduceOp
 from . import adasum, calibration_cache, channels, deterministic, hierarchical, mpi, ring, shm
 from .calibration import Calibration
 from .group import Group

@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 from mpi4py import MPI
 
-from ..version import __version__
+from ..core.version import __version__
 from .group import Group
 
 PROBE_BYTES = 2 << 20

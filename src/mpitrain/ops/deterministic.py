@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..dtypes import FLOATING, ReduceOp
+from ..core.dtypes import FLOATING, ReduceOp
 from . import channels, fixed_point, ordered
 from .group import Group
 from .kernels import cpu

@@ -45,7 +45,7 @@ from typing import Protocol
 
 import numpy as np
 
-from ..dtypes import STORAGE, ReduceOp
+from ..core.dtypes import STORAGE, ReduceOp
 from . import reference as plain
 from .kernels import cpu
 from .kernels import fixed_point as kernels

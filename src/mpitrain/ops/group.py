@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..config import Config
-from ..memory import page_aligned_empty
-from ..topology import Communicators, Topology
+from ..core.config import Config
+from ..core.memory import page_aligned_empty
+from ..core.topology import Communicators, Topology
 from .scratch import Scratch
 from .shm import Node
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..dtypes import ReduceOp
+from ..core.dtypes import ReduceOp
 from . import reference
 from .group import Group
 from .reduction import Reduction

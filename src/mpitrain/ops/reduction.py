@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..dtypes import FLOATING, ReduceOp
+from ..core.dtypes import FLOATING, ReduceOp
 
 # The elementwise reductions (Average arrives as Sum with a postscale; Adasum is not one).
 ELEMENTWISE = (ReduceOp.SUM, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..dtypes import FLOATING, STORAGE, ReduceOp
+from ..core.dtypes import FLOATING, STORAGE, ReduceOp
 
 
 def bf16_to_f32(bits: np.ndarray) -> np.ndarray:

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ..dtypes import ReduceOp
+from ..core.dtypes import ReduceOp
 from . import reference
 from .kernels import cpu
 from .mpi import same_memory

@@ -13,8 +13,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
-from .. import _mpi, runtime
-from ..version import __version__
+from ..core import _mpi, runtime
+from ..core.version import __version__
 from .mpi_command import Flavor, detect_flavor, find_launcher
 
 

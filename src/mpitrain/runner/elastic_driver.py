@@ -7,7 +7,7 @@ The driver loop, in the launcher's process (one job at a time):
    ``--max-np`` at later ones (hosts keep their order, new ones come last).
 2. Start the job there (``mpirun --with-ft ulfm`` with Open MPI, so that survivors of a lost
    rank continue in place; a plain launch otherwise).  While it runs, read the events its rank 0
-   records (:mod:`mpitrain.elastic_control`) and run the discovery script every
+   records (:mod:`mpitrain.core.elastic_control`) and run the discovery script every
    ``--discovery-interval`` seconds.  A host whose rank the job lost is blacklisted.  When the
    hosts would give the job more ranks than it has now, or a host it uses disappears from the
    list, tell the job; it stops at its next ``commit()`` after writing that commit to the state
@@ -34,7 +34,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import elastic_control
+from ..core import elastic_control
 from .discovery import Blacklist, DiscoveryError, order_hosts, place
 from .hosts import HostSlots
 from .signals import forwarding_signals

@@ -12,8 +12,8 @@ import argparse
 import os
 from collections.abc import Mapping, Sequence
 
-from .. import config
-from ..version import __version__
+from ..core import config
+from ..core.version import __version__
 from . import horovodrun_flags
 from .arg_numbers import nonneg_float, nonneg_int, pos_int
 from .rdzv_options import add_rendezvous_options

@@ -48,7 +48,7 @@ class Plan:
     restarts: int | None = None
     state_file: str | None = None
     keep_state_file: bool = False
-    control_dir: str | None = None  # with --host-discovery-script: see mpitrain.elastic_control
+    control_dir: str | None = None  # --host-discovery-script: see mpitrain.core.elastic_control
     in_place: bool = False  # survivors continue in place (ULFM)
     local_only: bool = False  # every rank runs on this machine (its files are the ranks')
 

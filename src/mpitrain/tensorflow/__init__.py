@@ -28,9 +28,9 @@ from ..collectives import (
     start_timeline,
     stop_timeline,
 )
-from ..errors import HorovodInternalError, MpitrainInternalError
-from ..process_sets import ProcessSet
-from ..runtime import is_homogeneous
+from ..core.errors import HorovodInternalError, MpitrainInternalError
+from ..core.process_sets import ProcessSet
+from ..core.runtime import is_homogeneous
 from ..session import add_process_set, remove_process_set
 from . import basics, elastic, keras, util
 from .basics import *  # noqa: F403 - init, shutdown and the queries: basics.__all__

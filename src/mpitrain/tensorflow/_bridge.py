@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..errors import CollectiveMismatchError
+from ..core.errors import CollectiveMismatchError
 from . import _graph_async
 from .errors import as_tensorflow_error
 

@@ -14,8 +14,8 @@ import numpy as np
 import tensorflow as tf
 
 from .. import collectives
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet
 from . import _bridge
 from ._support import set_rank, set_size
 

@@ -12,8 +12,8 @@ from typing import Any, TypeVar
 
 import tensorflow as tf
 
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, global_process_set, rank_in, size_of
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, global_process_set, rank_in, size_of
 
 FLOATS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _F = TypeVar("_F", bound=Callable[..., Any])

@@ -14,9 +14,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import runtime, session
-from ..process_sets import ProcessSet, global_process_set
-from ..runtime import (
+from .. import session
+from ..core import runtime
+from ..core.process_sets import ProcessSet, global_process_set
+from ..core.runtime import (
     ccl_built,
     cross_rank,
     cross_size,

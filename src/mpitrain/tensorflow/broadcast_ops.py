@@ -15,9 +15,10 @@ from typing import Any
 
 import tensorflow as tf
 
-from .. import collectives, runtime
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, global_process_set
+from .. import collectives
+from ..core import runtime
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, global_process_set
 from . import _bridge, _engine_ops, reduce_ops
 from ._support import differentiable, zeros_after
 from ._support import not_converted as _not_converted

@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import tensorflow as tf
 
-from ..dtypes import ReduceOp, check_reduce_supported
-from ..process_sets import ProcessSet
+from ..core.dtypes import ReduceOp, check_reduce_supported
+from ..core.process_sets import ProcessSet
 from . import _engine_ops
 from ._support import check_linear, with_gradient
 

@@ -10,8 +10,8 @@ import keras
 import tensorflow as tf
 
 from ..compression import Compressor
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, global_process_set
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, global_process_set
 from .compression import Compression
 from .gradients import GradientReducer, check_groups, check_one_pass
 from .keras.optimizer_keras3 import DistributedOptimizer as KerasDistributedOptimizer

@@ -20,14 +20,14 @@ import numpy as np
 import tensorflow as tf
 
 from ..collectives import broadcast_object
-from ..elastic import ObjectState, State, driver
-from ..errors import (
+from ..core.errors import (
     ElasticLimitError,
     HorovodInternalError,
     HostsUpdatedInterrupt,
     carries_collective_failure,
 )
-from ..runtime import rank
+from ..core.runtime import rank
+from ..elastic import ObjectState, State, driver
 from ..session import init, shutdown
 from .functions import broadcast_variables
 

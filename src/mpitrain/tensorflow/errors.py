@@ -5,7 +5,7 @@ catch ``tf.errors`` classes: ranks that disagree about a collective (shape, dtyp
 op) give a ``FailedPreconditionError``; an argument the op can only judge when it runs (an
 alltoall without splits whose rows do not divide evenly) gives an ``InvalidArgumentError``.
 Eagerly mpitrain raises those classes, each also a subclass of the error it raised before
-(:class:`mpitrain.errors.CollectiveMismatchError`, ``ValueError``), so existing ``except``
+(:class:`mpitrain.core.errors.CollectiveMismatchError`, ``ValueError``), so existing ``except``
 clauses keep working; the message is mpitrain's.
 
 Inside graphs (``tf.function``, ``tf.compat.v1`` sessions) a collective runs as a
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import tensorflow as tf
 
-from ..errors import CollectiveMismatchError
+from ..core.errors import CollectiveMismatchError
 
 
 class FailedPreconditionError(tf.errors.FailedPreconditionError, CollectiveMismatchError):

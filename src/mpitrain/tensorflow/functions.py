@@ -7,7 +7,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..process_sets import ProcessSet, global_process_set
+from ..core.process_sets import ProcessSet, global_process_set
 from ._support import not_converted as _not_converted
 from .broadcast_ops import grouped_broadcast
 

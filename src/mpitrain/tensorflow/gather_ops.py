@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, global_process_set, set_id_of
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, global_process_set, set_id_of
 from . import _bridge, _engine_ops
 from ._support import differentiable, set_rank, set_size, with_gradient
 from ._support import not_converted as _not_converted

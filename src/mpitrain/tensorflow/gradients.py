@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from .. import collectives
 from ..compression import Compressor
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, global_process_set, set_id_of
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, global_process_set, set_id_of
 from ._support import not_converted, set_size
 from .compression import Compression
 from .reduce_ops import grouped_allreduce

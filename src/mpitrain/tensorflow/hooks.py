@@ -6,7 +6,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..process_sets import ProcessSet, global_process_set
+from ..core.process_sets import ProcessSet, global_process_set
 from .functions import broadcast_variables
 
 

@@ -12,8 +12,8 @@ from collections.abc import Callable
 import numpy as np
 import tensorflow as tf
 
-from .. import runtime
-from ..process_sets import registry, size_of
+from ..core import runtime
+from ..core.process_sets import registry, size_of
 from . import _bridge
 from ._support import not_converted as _not_converted
 

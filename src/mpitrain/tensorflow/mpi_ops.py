@@ -6,8 +6,8 @@ the module name Horovod users know.
 """
 
 from ..collectives import Adasum, Average, Max, Min, Product, Sum, join
-from ..process_sets import ProcessSet, global_process_set
-from ..runtime import (
+from ..core.process_sets import ProcessSet, global_process_set
+from ..core.runtime import (
     cross_rank,
     cross_size,
     is_initialized,

@@ -19,8 +19,8 @@ import tensorflow as tf
 
 from .. import collectives
 from ..compression import Compressor
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, global_process_set, set_id_of
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, global_process_set, set_id_of
 from . import _bridge, _engine_ops, gather_ops
 from ._support import check_linear, set_size, with_gradient
 from ._support import not_converted as _not_converted

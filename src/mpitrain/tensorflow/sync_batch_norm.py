@@ -28,8 +28,8 @@ import keras
 import tensorflow as tf
 
 from ..collectives import Sum
-from ..process_sets import ProcessSet
-from ..scopes import GLOBAL, check_scope, resolve_scope
+from ..core.process_sets import ProcessSet
+from ..face.scopes import GLOBAL, check_scope, resolve_scope
 from .reduce_ops import allreduce
 
 

@@ -17,8 +17,8 @@ import keras
 import tensorflow as tf
 
 from ..compression import Compressor
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, global_process_set
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, global_process_set
 from ._support import not_converted
 from .compression import Compression
 from .gradients import GradientReducer, LocalSources, check_groups

@@ -38,8 +38,8 @@ import torch
 
 from .. import collectives
 from ..compression import Compressor
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, size_of
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, size_of
 from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names
 
 Pending = tuple[Any, Any]  # (handle or None, compression context)

@@ -7,7 +7,7 @@ the set size for Sum).  Gradients may arrive non-contiguous (after ``.sum()`` th
 expanded views): they are made contiguous first, where Horovod would fail.
 
 The public functions that choose between these and the plain path are in
-:mod:`mpitrain.tensor_ops`, which needs no torch; this module is loaded only for tensors that
+:mod:`mpitrain.face.tensor_ops`, which needs no torch; this module is loaded only for tensors that
 require grad.  ``sparse_allreduce_async`` (sparse COO tensors) lives here too.
 """
 
@@ -18,9 +18,10 @@ from typing import Any
 
 import torch
 
-from .. import collectives, runtime
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, global_process_set, rank_in, size_of
+from .. import collectives
+from ..core import runtime
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, global_process_set, rank_in, size_of
 
 
 def _linear_op(op: ReduceOp) -> None:

@@ -39,8 +39,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import files, runtime
 from ..collectives import allgather_object, broadcast_object
+from ..core import runtime
+from ..face import files
 
 FORMAT = "mpitrain-checkpoint"
 VERSION = 1

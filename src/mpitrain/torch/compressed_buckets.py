@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..collectives.buckets import group_gradients
-from ..compressors import GradientReducer
+from ..compression.stateful import GradientReducer
 
 
 def buckets_for(params: Sequence[torch.Tensor]) -> list[list[torch.Tensor]]:

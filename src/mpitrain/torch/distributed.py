@@ -25,9 +25,10 @@ from typing import Any
 
 import torch
 
-from .. import collectives, runtime, session
+from .. import collectives, session
 from ..collectives import Handle
-from ..process_sets import ProcessSet, global_process_set
+from ..core import runtime
+from ..core.process_sets import ProcessSet, global_process_set
 from . import functions
 
 use_mpitrain = True

@@ -14,9 +14,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import collectives, runtime
+from .. import collectives
 from ..collectives import allgather_object, broadcast_object
-from ..process_sets import ProcessSet, global_process_set
+from ..core import runtime
+from ..core.process_sets import ProcessSet, global_process_set
 
 
 def _items(params: Any) -> list[tuple[str | None, Any]]:

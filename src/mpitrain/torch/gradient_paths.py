@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..compressors import GradientReducer
+from ..compression.stateful import GradientReducer
 from .compressed_buckets import CompressedBuckets, buckets_for
 from .gradient_submission import GradientSubmitter, InFlight
 

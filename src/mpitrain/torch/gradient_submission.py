@@ -34,8 +34,8 @@ from .. import collectives
 from ..collectives import Handle
 from ..collectives.buckets import Bucket, gradient_buckets
 from ..compression import Compression, Compressor
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet
 from .autograd_ops import sparse_allreduce_async
 
 # The parameters a predicate accepts, in the order their gradients become ready.

@@ -35,12 +35,12 @@ compressor would make, without allocating), the engine reduces the 16-bit span i
 as an in-place 16-bit buffer's would, with no per-step allocation or packing.
 
 Stateful compression (``compression=hvd.Compression.powersgd(...)``, ``.topk(...)``,
-``.onebit()``, :mod:`mpitrain.compressors`): those compressors keep error memory between steps
-and work on buckets of gradients (one low-rank factor exchange per bucket), cut in backward's
-order as torch's DDP cuts them (:mod:`.compressed_buckets`).  A bucket whose gradients are
-final begins while backward goes on (PowerSGD sends its P factors then); ``synchronize()``
-completes every bucket in order, and the compressor leaves the averages in place.  Their state
-is per rank: ``hvd.save_checkpoint(optimizer=...)`` saves every rank's.
+``.onebit()``, :mod:`mpitrain.compression.stateful`): those compressors keep error memory
+between steps and work on buckets of gradients (one low-rank factor exchange per bucket), cut
+in backward's order as torch's DDP cuts them (:mod:`.compressed_buckets`).  A bucket whose
+gradients are final begins while backward goes on (PowerSGD sends its P factors then);
+``synchronize()`` completes every bucket in order, and the compressor leaves the averages in
+place.  Their state is per rank: ``hvd.save_checkpoint(optimizer=...)`` saves every rank's.
 """
 
 from __future__ import annotations
@@ -56,9 +56,9 @@ from torch.utils.hooks import RemovableHandle
 
 from .. import collectives
 from ..compression import Compression, Compressor
-from ..compressors import GradientReducer
-from ..dtypes import ReduceOp
-from ..process_sets import ProcessSet, global_process_set, set_id_of, size_of
+from ..compression.stateful import GradientReducer
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, global_process_set, set_id_of, size_of
 from . import adasum_optimizer
 from .compressed_buckets import CompressedBuckets
 from .gradient_groups import Groups, check_groups, split_groups

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch.utils.data
 
-from .. import runtime
+from ..core import runtime
 
 
 class DistributedSampler(torch.utils.data.DistributedSampler):

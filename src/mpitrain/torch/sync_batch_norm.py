@@ -30,9 +30,10 @@ from typing import Any
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from .. import arrays, collectives
-from ..process_sets import ProcessSet, size_of
-from ..scopes import GLOBAL, check_scope, resolve_scope
+from .. import collectives
+from ..collectives import arrays
+from ..core.process_sets import ProcessSet, size_of
+from ..face.scopes import GLOBAL, check_scope, resolve_scope
 
 _HALF = (torch.float16, torch.bfloat16)
 

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from ...dtypes import FLOATING, STORAGE, ReduceOp
+from ...core.dtypes import FLOATING, STORAGE, ReduceOp
 from .. import fixed_point as fixed_spec
 from .. import mpi as mpi_ops
 from .. import ordered

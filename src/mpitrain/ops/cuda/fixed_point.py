@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...dtypes import STORAGE
+from ...core.dtypes import STORAGE
 from .. import fixed_point as spec
 from ..kernels.fixed_point import INF_SHIFT, SPECIAL32, SPECIAL64
 from . import kernels

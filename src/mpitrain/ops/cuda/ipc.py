@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ...dtypes import STORAGE
+from ...core.dtypes import STORAGE
 from ..reduction import Reduction
 from ..slices import balanced as owner_slices
 

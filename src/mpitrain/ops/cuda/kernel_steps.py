@@ -18,7 +18,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ...dtypes import FLOATING, STORAGE, ReduceOp
+from ...core.dtypes import FLOATING, STORAGE, ReduceOp
 
 
 def accumulator_kind(dtype: str) -> str:

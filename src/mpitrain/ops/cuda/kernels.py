@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from numba import types as numba_types
 
-from ...dtypes import STORAGE, ReduceOp
+from ...core.dtypes import STORAGE, ReduceOp
 from ..reduction import Reduction
 from .helpers import device_helper
 from .kernel_steps import Step, cast_step, reduce_steps, step_buffers

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import MpitrainInternalError
+from ...core.errors import MpitrainInternalError
 from . import kernel_steps, kernels, ptx
 
 # numba's data model of a one-dimensional array argument: meminfo, parent, nitems, itemsize,

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ...dtypes import FLOATING, STORAGE, ReduceOp
-from ...errors import MpitrainInternalError
+from ...core.dtypes import FLOATING, STORAGE, ReduceOp
+from ...core.errors import MpitrainInternalError
 from . import kernel_steps as _steps
 from . import kernels as _kernels
 from . import pack as _pack

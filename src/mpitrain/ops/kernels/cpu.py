@@ -28,7 +28,7 @@ import numpy as np
 from llvmlite import ir as llvm_ir
 from numba.extending import intrinsic
 
-from ...dtypes import STORAGE, ReduceOp
+from ...core.dtypes import STORAGE, ReduceOp
 from ..reduction import Reduction
 
 # Chunk of one source that the algorithms reduce at a time: with p sources plus the float32

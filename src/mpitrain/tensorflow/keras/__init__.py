@@ -15,7 +15,7 @@ from ...collectives import (
     start_timeline,
     stop_timeline,
 )
-from ...process_sets import ProcessSet
+from ...core.process_sets import ProcessSet
 from ...session import add_process_set, remove_process_set
 from .. import basics
 from ..basics import *  # noqa: F403 - init, shutdown and the queries: basics.__all__

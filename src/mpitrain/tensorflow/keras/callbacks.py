@@ -17,8 +17,9 @@ from typing import Any
 import keras
 import numpy as np
 
-from ... import collectives, runtime
-from ...process_sets import ProcessSet, global_process_set
+from ... import collectives
+from ...core import runtime
+from ...core.process_sets import ProcessSet, global_process_set
 from ..functions import broadcast_variables
 
 

@@ -13,8 +13,8 @@ from typing import Any
 import keras
 
 from ...compression import Compressor
-from ...dtypes import ReduceOp
-from ...process_sets import ProcessSet, global_process_set
+from ...core.dtypes import ReduceOp
+from ...core.process_sets import ProcessSet, global_process_set
 from ..compression import Compression
 from ..gradients import GradientReducer, LocalSources, check_groups, check_one_pass
 

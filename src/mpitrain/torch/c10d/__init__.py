@@ -23,8 +23,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ... import runtime, session
-from ...process_sets import ProcessSet, global_process_set, registered_process_sets
+from ... import session
+from ...core import runtime
+from ...core.process_sets import ProcessSet, global_process_set, registered_process_sets
 from . import rendezvous
 from .p2p import PointToPoint, create_comm
 from .process_group import BACKEND_NAME, ProcessGroupMpitrain

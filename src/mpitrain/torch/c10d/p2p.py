@@ -19,7 +19,8 @@ from typing import Any
 
 import torch
 
-from ... import _mpi, arrays
+from ...collectives import arrays
+from ...core import _mpi
 from .work import Progress, Work
 
 

@@ -24,7 +24,7 @@ import torch.distributed as dist
 
 from ... import collectives
 from ...collectives import Handle
-from ...process_sets import ProcessSet
+from ...core.process_sets import ProcessSet
 from .p2p import PointToPoint
 from .reduce_ops import Reduction, resolve
 from .work import Progress, Work

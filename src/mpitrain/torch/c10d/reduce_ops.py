@@ -14,7 +14,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...dtypes import ReduceOp
+from ...core.dtypes import ReduceOp
 
 _RED: Any = dist.ReduceOp.RedOpType  # the stubs do not list the members
 _ENGINE_OPS = {

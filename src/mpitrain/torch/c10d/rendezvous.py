@@ -27,7 +27,8 @@ from urllib.parse import parse_qs, urlparse
 
 import torch.distributed as dist
 
-from ... import collectives, runtime, session, topology
+from ... import collectives, session
+from ...core import runtime, topology
 from .store import JobStore, StoreServer, close_clients, new_key
 
 # MASTER_ADDR as this module set it (name -> value), for forget_store().

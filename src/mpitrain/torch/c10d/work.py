@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ...errors import MpitrainInternalError
+from ...core.errors import MpitrainInternalError
 
 _MAX_SLEEP_S = 1e-3
 # At exit, how long the thread may go on finishing Works handed to it before it is left behind.

@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from ...core.errors import ElasticLimitError, HorovodInternalError, HostsUpdatedInterrupt
+
 # From the modules of the framework-neutral core, not its package face, which offers this
 # module's names to ``import mpitrain as hvd`` users: one direction of import.
 from ...elastic.driver import run, run_fn
 from ...elastic.state import HostUpdateResult, ObjectState, State
-from ...errors import ElasticLimitError, HorovodInternalError, HostsUpdatedInterrupt
 from ...session import init, shutdown
 from .sampler import ElasticSampler
 from .state import TorchState

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch.utils.data
 
-from ... import runtime
+from ...core import runtime
 
 
 class ElasticSampler(torch.utils.data.Sampler):

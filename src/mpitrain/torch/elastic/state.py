@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 from ...collectives import broadcast_object
+from ...core.runtime import rank
 from ...elastic.state import ObjectState
-from ...runtime import rank
 from ..functions import broadcast_optimizer_state, broadcast_parameters
 from .sampler import ElasticSampler
 

@@ -28,7 +28,7 @@ ALIASES = {
     "horovod.tensorflow": "mpitrain.tensorflow",
     "horovod.keras": "mpitrain.keras",
     "horovod.mxnet": "mpitrain.mxnet",
-    "horovod.common.exceptions": "mpitrain.errors",
+    "horovod.common.exceptions": "mpitrain.core.errors",
 }
 # Used where the first choice does not exist in this mpitrain (a standalone Keras face).
 FALLBACKS = {"mpitrain.keras": "mpitrain.tensorflow.keras"}

@@ -1,7 +1,7 @@
 """The DDP drop-in's communication hooks: three kinds behind one small interface.
 
-:class:`CompressorHook` runs a stateful compressor of :mod:`mpitrain.compressors` (PowerSGD,
-top-k, 1-bit) on a bucket's gradients in place; :class:`CastHook` does what torch's
+:class:`CompressorHook` runs a stateful compressor of :mod:`mpitrain.compression.stateful`
+(PowerSGD, top-k, 1-bit) on a bucket's gradients in place; :class:`CastHook` does what torch's
 ``fp16_compress_hook``/``bf16_compress_hook`` on the default group do, without their copies;
 :class:`TorchHook` runs any other torch hook (``hook(state, bucket) -> Future``) on a
 :class:`GradBucket` and copies its result back.  The
@@ -20,8 +20,8 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from .... import collectives
 from ....collectives.buckets import Bucket
-from ....compressors import GradientReducer
-from ....process_sets import ProcessSet, size_of
+from ....compression.stateful import GradientReducer
+from ....core.process_sets import ProcessSet, size_of
 from .torch_hooks import check_hook_group, ensure_default_group_for, uses_default_group
 
 # torch's hooks that make one collective per bucket (no collective in a callback).

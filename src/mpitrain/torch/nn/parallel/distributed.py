@@ -20,8 +20,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from .... import collectives, runtime
-from ....process_sets import ProcessSet, global_process_set, set_id_of
+from .... import collectives
+from ....core import runtime
+from ....core.process_sets import ProcessSet, global_process_set, set_id_of
 from .reducer import Reducer
 
 # Drop-ins numbered per process set: only a set's members build a drop-in over it, so one

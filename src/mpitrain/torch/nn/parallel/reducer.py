@@ -21,7 +21,7 @@ Within ``no_sync()`` hooks only note which parameters received gradients; the ne
 backward reduces everything accumulated since.
 
 A communication hook (``register_comm_hook``) replaces the averaged allreduce of each bucket
-(:mod:`.comm_hooks` holds both kinds): a stateful compressor of :mod:`mpitrain.compressors`
+(:mod:`.comm_hooks` holds both kinds): a stateful compressor of :mod:`mpitrain.compression.stateful`
 (PowerSGD, top-k, 1-bit) averages the bucket's gradients itself, or a torch hook
 (``hook(state, bucket) -> Future``, torch's own ``allreduce_hook``, ``fp16_compress_hook``,
 ``powerSGD_hook`` ... among them) gets a GradBucket with torch's methods; torch's hooks whose
@@ -45,10 +45,11 @@ from typing import Any
 
 import torch
 
-from .... import arrays, collectives, runtime
-from ....collectives import Handle
+from .... import collectives
+from ....collectives import Handle, arrays
 from ....collectives.buckets import Bucket, gradient_buckets
-from ....process_sets import ProcessSet
+from ....core import runtime
+from ....core.process_sets import ProcessSet
 from .comm_hooks import CastHook, CompressorHook, TorchHook, comm_hook_for
 
 

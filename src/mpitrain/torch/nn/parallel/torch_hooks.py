@@ -17,8 +17,8 @@ from typing import Any
 
 import torch.distributed as dist
 
-from .... import runtime
-from ....process_sets import ProcessSet, size_of
+from ....core import runtime
+from ....core.process_sets import ProcessSet, size_of
 from ... import c10d
 
 _TORCH_HOOKS = "torch.distributed.algorithms.ddp_comm_hooks"

@@ -1,1 +1,1 @@
-"""``horovod.common``: only its ``exceptions`` module has a counterpart (mpitrain.errors)."""
+"""``horovod.common``: only its ``exceptions`` module has a counterpart (mpitrain.core.errors)."""

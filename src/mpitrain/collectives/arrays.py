@@ -1,7 +1,7 @@
 """The bridge between users' arrays (torch tensors, numpy/cupy arrays) and the engine's buffers.
 
 The engine moves flat arrays of a storage type plus a logical type name (see
-:mod:`mpitrain.dtypes`).  Here a torch CPU tensor or a numpy array becomes a numpy view with
+:mod:`mpitrain.core.dtypes`).  Here a torch CPU tensor or a numpy array becomes a numpy view with
 no copy; a CUDA tensor, a cupy array or any ``__cuda_array_interface__`` array becomes a cupy
 view of the same device memory (DLPack for torch), again with no copy.  Results are allocated
 in the caller's framework, on the caller's device, so that what comes back is the same kind of
@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import runtime
-from .engine.device import cuda_available, require_cupy
-from .memory import RECYCLER
+from ..core import runtime
+from ..core.memory import RECYCLER
+from ..engine.device import cuda_available, require_cupy
 
 if TYPE_CHECKING:
     import torch
 
-# torch's element types by their names in mpitrain.dtypes, with the numpy type torch.from_numpy
+# torch's element types by their names in mpitrain.core.dtypes, with the numpy type torch.from_numpy
 # accepts for each (bfloat16 travels as int16 bits).
 _TORCH_STORAGE_BY_NAME = {
     "uint8": np.uint8, "int8": np.int8, "int16": np.int16, "int32": np.int32,
@@ -212,7 +212,7 @@ def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
     nbytes = math.prod(shape) * _itemsize(x)
     if nbytes >= RECYCLER.min_bytes:
         # Large outputs come from recycled, huge-page memory: a fresh 64 MiB tensor would
-        # spend longer in page faults than the allreduce takes (see mpitrain.memory).
+        # spend longer in page faults than the allreduce takes (see mpitrain.core.memory).
         raw = RECYCLER.take(nbytes)
         if torch is not None:
             storage = _TORCH_STORAGE_BY_NAME[_torch_names()[x.dtype]]

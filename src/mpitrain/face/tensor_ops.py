@@ -12,10 +12,10 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import collectives
-from .compression import Compression, Compressor
-from .dtypes import ReduceOp
-from .process_sets import ProcessSet, global_process_set
+from .. import collectives
+from ..compression import Compression, Compressor
+from ..core.dtypes import ReduceOp
+from ..core.process_sets import ProcessSet, global_process_set
 
 
 def _differentiable(*tensors: Any) -> bool:
@@ -29,7 +29,7 @@ def _differentiable(*tensors: Any) -> bool:
 
 def _autograd() -> Any:
     """The autograd Functions; only called for a tensor that requires grad (torch is loaded)."""
-    from .torch import autograd_ops  # deferred: the torch face, loaded only for torch tensors
+    from ..torch import autograd_ops  # deferred: the torch face, loaded only for torch tensors
 
     return autograd_ops
 

@@ -16,7 +16,7 @@ driver's machine, which must also be rank 0's, or on a shared filesystem):
 
 Both sides only ever replace ``hosts.json`` whole (a rename) and append whole lines to
 ``events.jsonl``, so a reader never sees half a record.  The directory is 0700 and the files
-0600 (:mod:`mpitrain.private`).  Ground floor: no MPI, no framework.
+0600 (:mod:`mpitrain.core.private`).  Ground floor: no MPI, no framework.
 """
 
 from __future__ import annotations

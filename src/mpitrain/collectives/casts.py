@@ -4,7 +4,7 @@
 dtypes pass through unchanged.  bfloat16 keeps float32's range (no overflow for large
 gradients) at a coarser precision; Horovod has no bf16 compressor.  Users name them through
 :class:`mpitrain.compression.Compression`, which also makes the stateful compressors of
-:mod:`mpitrain.compressors`; those use the collectives, so they cannot live down here.
+:mod:`mpitrain.compression.stateful`; those use the collectives, so they cannot live down here.
 """
 
 from __future__ import annotations

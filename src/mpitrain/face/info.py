@@ -1,9 +1,9 @@
-"""``python -m mpitrain.info``: what this job looks like from inside.
+"""``python -m mpitrain.face.info``: what this job looks like from inside.
 
 Run it under your launcher exactly as you would run training::
 
-    mpirun -np 4 python -m mpitrain.info
-    MPITRAIN_LOCAL_SIZE=2 mpirun -np 4 python -m mpitrain.info   # 2 emulated nodes x 2
+    mpirun -np 4 python -m mpitrain.face.info
+    MPITRAIN_LOCAL_SIZE=2 mpirun -np 4 python -m mpitrain.face.info   # 2 emulated nodes x 2
 
 Rank 0 prints one line per rank (host, local and cross layout, device binding, threads), the
 MPI library and thread level, what the install supports, and a smoke allreduce; every rank
@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from . import _mpi, config, runtime, session
-from .dtypes import ReduceOp
-from .version import __version__
+from .. import session
+from ..core import _mpi, config, runtime
+from ..core.dtypes import ReduceOp
+from ..core.version import __version__
 
 
 def _versions() -> dict[str, str]:
@@ -53,7 +54,7 @@ def _rank_row() -> dict[str, Any]:
 
 def collect() -> dict[str, Any]:
     """Gather the job's layout to every rank (collective: every rank must call it)."""
-    from . import allreduce  # the hvd face (torch) loads on first use
+    from .. import allreduce  # the hvd face (torch) loads on first use
 
     state = runtime.state()
     rows = state.comms.world.allgather(_rank_row())

@@ -17,9 +17,9 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from . import runtime
-from .process_sets import ProcessSet, global_process_set
-from .session import add_process_set
+from ..core import runtime
+from ..core.process_sets import ProcessSet, global_process_set
+from ..session import add_process_set
 
 GLOBAL = "global"
 LOCAL = "local"

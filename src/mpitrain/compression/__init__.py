@@ -1,18 +1,18 @@
 """Gradient compression, by Horovod's names: ``Compression.none``, ``.fp16``, ``.bf16`` (the
-casts of :mod:`mpitrain.casts`), and ``Compression.powersgd(...)``, ``.topk(...)`` and
+casts of :mod:`mpitrain.collectives.casts`), and ``Compression.powersgd(...)``, ``.topk(...)`` and
 ``.onebit()``, which make stateful compressors with error feedback
-(:mod:`mpitrain.compressors`): objects, one per model, for ``DistributedOptimizer`` and the DDP
-drop-in's ``register_comm_hook``.
+(:mod:`mpitrain.compression.stateful`): objects, one per model, for ``DistributedOptimizer``
+and the DDP drop-in's ``register_comm_hook``.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from .casts import BF16Compressor, Compressor, FP16Compressor, NoneCompressor
+from ..collectives.casts import BF16Compressor, Compressor, FP16Compressor, NoneCompressor
 
 if TYPE_CHECKING:
-    from .compressors import OneBit, PowerSGD, TopK
+    from .stateful import OneBit, PowerSGD, TopK
 
 
 class Compression:
@@ -28,8 +28,8 @@ class Compression:
                  orthogonalization_epsilon: float = 0.0, seed: int = 0,
                  batch_same_shape: bool = False) -> PowerSGD:
         """Low-rank compression, torch's ``powerSGD_hook`` step for step (see
-        :class:`mpitrain.compressors.PowerSGD`)."""
-        from .compressors import PowerSGD  # deferred: torch, which the face loads without
+        :class:`mpitrain.compression.stateful.PowerSGD`)."""
+        from .stateful import PowerSGD  # deferred: torch, which the face loads without
 
         return PowerSGD(rank, start_iter, min_compression_rate, use_error_feedback,
                         warm_start, orthogonalization_epsilon, seed, batch_same_shape)
@@ -37,14 +37,14 @@ class Compression:
     @staticmethod
     def topk(ratio: float = 0.01) -> TopK:
         """The ``ratio`` largest entries of each gradient, with error feedback."""
-        from .compressors import TopK  # deferred: torch, which the face loads without
+        from .stateful import TopK  # deferred: torch, which the face loads without
 
         return TopK(ratio)
 
     @staticmethod
     def onebit() -> OneBit:
         """Signs and one scale per gradient, with error feedback."""
-        from .compressors import OneBit  # deferred: torch, which the face loads without
+        from .stateful import OneBit  # deferred: torch, which the face loads without
 
         return OneBit()
 

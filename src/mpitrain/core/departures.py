@@ -11,14 +11,14 @@ tell the others: its ``MPI_Finalize`` waits for them, they wait for it, and the 
   together with a probe for :data:`TAG` messages;
 * a rank that ends while it is still :data:`Phase.BEFORE` ``init()`` sends every other rank one
   small :data:`TAG` message naming itself (:func:`announce`, called at exit by
-  :mod:`mpitrain.failure`), starting MPI for that if its program never did (otherwise the
+  :mod:`mpitrain.core.failure`), starting MPI for that if its program never did (otherwise the
   others' ``MPI_Init`` would wait for it inside Open MPI);
-* a rank in the gate that receives one raises :class:`~mpitrain.errors.MpitrainInternalError`
+* a rank in the gate that receives one raises :class:`~mpitrain.core.errors.MpitrainInternalError`
   naming the rank that left, and the job is aborted as for any uncaught error.
 
 Once the gate has passed, every rank is inside ``init()``: a rank that then leaves it early
 (an exception, ``sys.exit()`` from a signal handler) ends the whole job instead
-(:mod:`mpitrain.failure`), since the others wait in ``init()``'s blocking collectives.
+(:mod:`mpitrain.core.failure`), since the others wait in ``init()``'s blocking collectives.
 
 A rank that never ends and never comes (a script stuck before ``init()`` on one host, a data
 load that takes an hour there) is bounded only by a **start timeout** (``MPITRAIN_START_TIMEOUT``,
@@ -110,7 +110,7 @@ def enter(new: Phase) -> None:
 
 def when_running(hook: Callable[[], None]) -> None:
     """Have ``hook`` run each time ``init()`` has started mpitrain: what faces register at
-    ``import mpitrain`` (torch.distributed's backend, :mod:`mpitrain.torch_adapters`)."""
+    ``import mpitrain`` (torch.distributed's backend, :mod:`mpitrain.face.torch_adapters`)."""
     if hook not in _running_hooks:
         _running_hooks.append(hook)
 

@@ -3,7 +3,7 @@
 ``mpitrain/__init__.py`` loads this module the first time one of these names is used, so
 that ``import mpitrain.runner`` (the launcher, the hostfile tool) never imports torch, numba
 or MPI.  Nothing here imports torch either: the collectives take numpy arrays as well as torch
-tensors (:mod:`mpitrain.tensor_ops`), and the names that exist only for torch
+tensors (:mod:`mpitrain.face.tensor_ops`), and the names that exist only for torch
 (``TORCH_NAMES``: ``DistributedOptimizer``, ``broadcast_parameters``, ...) are loaded from the
 torch face when first used, so a numpy-only environment runs ``hvd.init()`` and
 ``hvd.allreduce`` without torch installed.  Add a public name here, import and ``__all__``
@@ -11,7 +11,7 @@ both (or a ``TORCH_NAMES`` row); the package root needs no edit.  The path of a 
 continues in ``torch/optimizer.py``, then ``engine/``, then ``ops/``.
 """
 
-from .collectives import (
+from ..collectives import (
     Adasum,
     Average,
     Handle,
@@ -42,11 +42,11 @@ from .collectives import (
     stop_timeline,
     synchronize,
 )
-from .compression import Compression
-from .dtypes import ReduceOp
-from .errors import HorovodInternalError, MpitrainInternalError
-from .process_sets import ProcessSet, global_process_set
-from .runtime import (
+from ..compression import Compression
+from ..core.dtypes import ReduceOp
+from ..core.errors import HorovodInternalError, MpitrainInternalError
+from ..core.process_sets import ProcessSet, global_process_set
+from ..core.runtime import (
     ccl_built,
     cross_rank,
     cross_size,
@@ -66,7 +66,8 @@ from .runtime import (
     rocm_built,
     size,
 )
-from .session import add_process_set, init, remove_process_set, shutdown
+from ..core.version import __version__
+from ..session import add_process_set, init, remove_process_set, shutdown
 from .tensor_ops import (
     allgather,
     allreduce,
@@ -77,7 +78,6 @@ from .tensor_ops import (
     grouped_reducescatter,
     reducescatter,
 )
-from .version import __version__
 
 # Names only the torch face has: name -> module of mpitrain.torch that defines it.
 TORCH_NAMES = {

@@ -1,6 +1,6 @@
 """How a rank that dies of an uncaught exception reports it and ends the whole job, and how a
 rank that ends outside a running session (before or in ``init()``) does not leave the others
-waiting for it (:func:`install_import_time_hooks`, with :mod:`mpitrain.departures`).
+waiting for it (:func:`install_import_time_hooks`, with :mod:`mpitrain.core.departures`).
 
 A mismatch found by negotiation is raised on every rank, and so is a caller's mistake that
 every rank makes: printed by each, p ranks give p chained tracebacks of one message.  So the
@@ -76,7 +76,7 @@ def install_import_time_hooks() -> None:
       "process exited with non-zero status" never comes, since none exits);
     * any other end of the program (``sys.exit()``, the end of the script; an ``atexit``
       handler, :func:`_at_exit`): before ``init()`` the rank announces its departure to the
-      others (:mod:`mpitrain.departures`), whose ``init()`` then fails naming it; in the
+      others (:mod:`mpitrain.core.departures`), whose ``init()`` then fails naming it; in the
       middle of ``init()`` the job is aborted, the others waiting in its collectives.
 
     Nothing is done where MPI is not running and no MPI launcher started several ranks,

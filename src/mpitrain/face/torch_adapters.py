@@ -1,6 +1,6 @@
 """Register mpitrain with torch.distributed whenever the program uses torch, even lazily.
 
-``init()`` exports the job's layout (``RANK``, ``WORLD_SIZE``... see :mod:`mpitrain.job_env`),
+``init()`` exports the job's layout (``RANK``, ``WORLD_SIZE``... see :mod:`mpitrain.core.job_env`),
 so a library built on torch.distributed (Hugging Face's Trainer, Accelerate, Lightning) takes
 the job for a distributed one and calls ``init_process_group()`` through torch's ``env://``
 rendezvous, which also wants ``MASTER_ADDR``/``MASTER_PORT``: mpirun sets neither.
@@ -8,7 +8,7 @@ rendezvous, which also wants ``MASTER_ADDR``/``MASTER_PORT``: mpirun sets neithe
 registers the "mpitrain" backend.  ``import mpitrain`` must not import torch (a numpy or
 TensorFlow job never pays for it), so :func:`register_when_torch_loads` registers now if torch
 is loaded, and otherwise once the program imports it: a one-shot import hook on ``torch``.
-``import mpitrain`` has every ``init()`` call it (:func:`mpitrain.departures.when_running`):
+``import mpitrain`` has every ``init()`` call it (:func:`mpitrain.core.departures.when_running`):
 a face's hook, so that the session below never names the torch face above it.
 """
 

@@ -29,7 +29,7 @@ def export(rank: int, size: int, local_rank: int, local_size: int, has_gpu: bool
     """Write the job's layout where libraries look for it (see the module docstring).
 
     MPI's numbers replace whatever was there (an outer launcher's, or a user's): the launcher
-    check at ``init()`` (:mod:`mpitrain.launchers`) has already refused the combinations that
+    check at ``init()`` (:mod:`mpitrain.core.launchers`) has already refused the combinations that
     cannot work, and libraries must see the world that actually runs.  :func:`withdraw` puts
     the previous values back.
     """

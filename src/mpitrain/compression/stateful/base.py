@@ -10,8 +10,8 @@ from typing import Any
 
 import torch
 
-from .. import collectives
-from ..process_sets import ProcessSet, global_process_set, size_of
+from ... import collectives
+from ...core.process_sets import ProcessSet, global_process_set, size_of
 
 _instances = itertools.count()
 

@@ -13,7 +13,8 @@ import tempfile
 from collections.abc import Callable
 from typing import BinaryIO
 
-from . import collectives, runtime
+from .. import collectives
+from ..core import runtime
 
 Writer = Callable[[BinaryIO], None]
 

@@ -25,7 +25,7 @@ def _power_of_two(n: int) -> bool:
 
 
 def check_layout(topology: Any, hierarchical: bool) -> None:
-    """Raise unless Adasum can run on ``topology`` (a :class:`mpitrain.topology.Topology`).
+    """Raise unless Adasum can run on ``topology`` (a :class:`mpitrain.core.topology.Topology`).
 
     Raises:
         AdasumLayoutError: flat, the number of ranks is not a power of two; hierarchical,

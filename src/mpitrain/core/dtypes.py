@@ -53,7 +53,7 @@ def check_reduce_supported(dtype: str, op: ReduceOp) -> None:
     Raises:
         TypeError: ``dtype`` is not a supported element type, or the op is meaningless on it
             (Adasum, a combination through dot products, needs floating point: an
-            :class:`~mpitrain.errors.AdasumTypeError`, also a RuntimeError as in Horovod).
+            :class:`~mpitrain.core.errors.AdasumTypeError`, also a RuntimeError as in Horovod).
     """
     if dtype not in STORAGE:
         raise TypeError(f"unsupported element type {dtype!r}; supported: {sorted(STORAGE)}")

@@ -81,9 +81,9 @@ def start(comm: Any = None) -> State:
         ValueError: this process is not part of ``comm``, or the rank list is malformed.
         TypeError: ``comm`` is neither a communicator nor a list of ranks.
         RuntimeError: already started (session.init checks first).
-        mpitrain.launchers.LauncherMismatchError: a launcher started several processes but MPI
+        mpitrain.core.launchers.LauncherMismatchError: a launcher started several processes but MPI
             sees a world of one (torchrun, srun without PMI, another MPI's mpirun); see
-            :mod:`mpitrain.launchers`.
+            :mod:`mpitrain.core.launchers`.
     """
     global _state
     with _lock:
@@ -96,7 +96,7 @@ def start(comm: Any = None) -> State:
                               _mpi.library_version())
         if comm is None:
             # Every rank of the world must come here; one that has ended never will, and
-            # says so (see mpitrain.departures) instead of leaving this rank in MPI for ever.
+            # says so (see mpitrain.core.departures) instead of leaving this rank in MPI for ever.
             try:
                 departures.gate(MPI, cfg.start_timeout)
             except BaseException:
@@ -120,7 +120,7 @@ def start(comm: Any = None) -> State:
         except BaseException:
             # Peers may be waiting for this rank in a collective of the ones being built:
             # where MPI can (ULFM), make those collectives fail rather than wait forever;
-            # elsewhere this rank's exit aborts the job (mpitrain.failure).
+            # elsewhere this rank's exit aborts the job (mpitrain.core.failure).
             departures.enter(Phase.FAILED)
             survivors.revoke([job_comm] + ([comms.world, comms.local, comms.cross]
                                            if comms is not None else []))
