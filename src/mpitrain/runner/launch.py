@@ -35,7 +35,7 @@ from .hosts import HostfileError, HostSlots
 from .interpreter import missing_script, python_note
 from .launch_options import build_parser, check_elastic, elastic_requested
 from .launch_plan import Plan, make_plan
-from .launcher_report import LauncherWatch, lost_daemon_message
+from .launcher_report import LauncherWatch, lost_daemon_message, wait_bounded
 from .mpi_command import Flavor, detect_flavor, find_launcher
 from .rdzv_options import RendezvousOptions, rendezvous_options
 from .rdzv_wire import SECRET_VARIABLE
@@ -93,11 +93,12 @@ def check_hosts_resolve(hosts: Sequence[str]) -> None:
 
 def _run(argv: list[str]) -> int:
     """Run the launcher, passing SIGINT/SIGTERM on to it, and return its exit code (1 when
-    Open MPI ended the job over a lost node and still exited 0, see .launcher_report)."""
+    Open MPI ended the job over a lost node and still exited 0, or said it was ending the job
+    and did not exit; see .launcher_report)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     watch = LauncherWatch(proc)
     with forwarding_signals(proc):
-        code = proc.wait()
+        code = wait_bounded(proc, watch, "mpitrainrun")
     watch.join(5.0)
     if code == 0 and watch.daemon_lost:
         print(lost_daemon_message("mpitrainrun", watch.lost_node), file=sys.stderr)

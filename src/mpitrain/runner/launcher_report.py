@@ -1,5 +1,5 @@
 """The MPI launcher's stderr: copied through as it comes, and watched for Open MPI's word
-that it ended the job because a node's daemon was lost.
+that it ended the job because a node's daemon was lost, or that it is ending the job at all.
 
 With elastic options the launcher is let go on when a node is lost, since ULFM lets the
 surviving ranks continue when a *rank* dies.  When a whole node goes, its daemon with it,
@@ -27,6 +27,16 @@ DAEMON_GONE = b"A daemon failed to report back after being spawned"
 _NODE_LINES = {DAEMON_LOST: re.compile(rb"Remote daemon:\s*\S+\s+on node\s+(\S+)"),
                DAEMON_GONE: re.compile(rb"Remote host:\s*(\S+)")}
 _KEEP = 4096  # bytes of output kept to find the node's name after the marker
+# Open MPI's words when it has decided to end the whole job: a rank exited non-zero or
+# ("thus causing the job to be terminated"), a rank called MPI_Abort, a daemon was lost.
+# Once said, the launcher should exit within seconds; prterun 5.0.11 was seen to stay
+# forever after the first (a rank leaving with os._exit(3) while another was in MPI_Init, a
+# "PMIX_ERR_UNREACH" after the report).  Elastic jobs never print these for a lost rank.
+# Time the launcher gets to exit after saying it ends the job: Open MPI's own teardown (SIGTERM,
+# then SIGKILL to ranks, across nodes) takes seconds; a minute is room for a loaded machine.
+ENDING_GRACE_S = 60.0
+JOB_ENDING = (b"causing the job to be terminated", b"MPI_ABORT was invoked", DAEMON_LOST,
+              DAEMON_GONE)
 
 
 class OutputWatch:
@@ -38,6 +48,7 @@ class OutputWatch:
         self.stream = stream
         self.out = out if out is not None else sys.stderr.buffer
         self.daemon_lost = threading.Event()
+        self.ending_since: float | None = None  # time.monotonic() when the job's end was said
         self.lost_node: str | None = None  # the node whose daemon was lost, once named
         self._thread = threading.Thread(target=self._copy, name="launcher-output", daemon=True)
         self._thread.start()
@@ -53,6 +64,8 @@ class OutputWatch:
             self.out.flush()
             # The marker (and the node's line after it) may straddle chunks.
             tail = (tail + chunk)[-_KEEP:]
+            if self.ending_since is None and any(m in tail for m in JOB_ENDING):
+                self.ending_since = time.monotonic()
             for marker, node_line in _NODE_LINES.items():
                 if marker in tail:
                     self.daemon_lost.set()
@@ -82,11 +95,41 @@ class LauncherWatch:
     def lost_node(self) -> str | None:
         return next((w.lost_node for w in self.watches if w.lost_node), None)
 
+    @property
+    def ending_since(self) -> float | None:
+        """When (time.monotonic()) the launcher first said it is ending the job, if it did."""
+        times = [w.ending_since for w in self.watches if w.ending_since is not None]
+        return min(times) if times else None
+
     def join(self, timeout_s: float) -> None:
         """Wait for both copies, ``timeout_s`` in all."""
         end = time.monotonic() + timeout_s
         for watch in self.watches:
             watch.join(max(0.0, end - time.monotonic()))
+
+
+def wait_bounded(proc: subprocess.Popen[bytes], watch: LauncherWatch, launcher: str,
+                 grace_s: float = ENDING_GRACE_S) -> int:
+    """Wait for the launcher to exit; once it has said it is ending the job, give it
+    ``grace_s`` to do so, then end it (SIGTERM, then SIGKILL) and return 1 saying why."""
+    while True:
+        try:
+            return proc.wait(timeout=0.5)
+        except subprocess.TimeoutExpired:
+            pass
+        since = watch.ending_since
+        if since is not None and time.monotonic() - since > grace_s:
+            break
+    print(f"{launcher}: the MPI launcher said it was ending the job {grace_s:g} s ago but has "
+          "not exited (an Open MPI launcher hang); ending it and reporting failure",
+          file=sys.stderr, flush=True)
+    proc.terminate()
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    return 1
 
 
 def lost_daemon_message(launcher: str, node: str | None = None) -> str:
@@ -100,4 +143,5 @@ def lost_daemon_message(launcher: str, node: str | None = None) -> str:
             "job when a node's daemon goes)")
 
 
-__all__ = ["DAEMON_GONE", "DAEMON_LOST", "LauncherWatch", "OutputWatch", "lost_daemon_message"]
+__all__ = ["DAEMON_GONE", "DAEMON_LOST", "ENDING_GRACE_S", "JOB_ENDING", "LauncherWatch",
+           "OutputWatch", "lost_daemon_message", "wait_bounded"]

@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from .launcher_report import LauncherWatch
+from .launcher_report import LauncherWatch, wait_bounded
 from .mpi_command import Flavor
 from .rdzv_agent import NodeAgent, RendezvousFailed, exit_code
 from .rdzv_options import RendezvousOptions
@@ -211,7 +211,7 @@ def _launch(server: RendezvousServer, me: str, nodes: list[tuple[str, int]],
         report = LauncherWatch(proc)
 
         def exited() -> None:
-            proc.wait()
+            wait_bounded(proc, report, "mpitrainrun")  # bounded once Open MPI ends the job
             events.put((None, None))
 
         threading.Thread(target=exited, name="rdzv-launcher-wait", daemon=True).start()
