@@ -130,8 +130,8 @@ def test_transport_of_this_configuration(hvd):
     hvd.allreduce(torch.ones(8, device="cuda"), name="transport.probe")
     dg = executor.device._device_group
     assert dg is not None
-    topo = hvd.runtime.state().topology
-    algorithm = hvd.runtime.state().config.allreduce_algorithm
+    topo = hvd.core.runtime.state().topology
+    algorithm = hvd.core.runtime.state().config.allreduce_algorithm
     if topo.local_size > 1 and algorithm == "auto":
         assert dg.uses_ipc, dg.phases
     print(f"rank {RANK}: phases {dg.phases}")
@@ -147,7 +147,7 @@ def test_a_cpu_tensor_on_one_rank_and_cuda_on_others_fails_everywhere(hvd):
 def test_a_tensor_on_another_gpu_than_the_bound_one_is_refused(hvd):
     if torch.cuda.device_count() < 2:
         pytest.skip("needs two GPUs")
-    bound = hvd.runtime.state().device
+    bound = hvd.core.runtime.state().device
     other = (bound + 1) % torch.cuda.device_count()
     with pytest.raises(ValueError, match=f"cuda:{other}, but this rank is bound to cuda:{bound}"):
         hvd.allreduce(torch.ones(4, device=f"cuda:{other}"), name="wrong.device")

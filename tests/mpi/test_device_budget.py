@@ -271,7 +271,7 @@ def test_transport_of_each_configuration_is_the_one_budgeted(hvd):
     """The budget's branches cover what each MPI configuration of this file chooses."""
     dg = _device_group(hvd, "numba")
     try:
-        topo = hvd.runtime.state().topology
+        topo = hvd.core.runtime.state().topology
         kinds = [t for _, t in dg.phases]
         expected = transport.choose(False, topo.local_size, topo.num_nodes,
                                     topo.local_size > 1 and topo.is_homogeneous)

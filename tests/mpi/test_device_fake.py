@@ -96,7 +96,7 @@ def test_a_fused_bucket_is_packed_reduced_and_unpacked(hvd):
 def test_the_transport_follows_the_topology(hvd):
     hvd.allreduce(cupy.asarray(np.ones(4, np.float32)), name="probe")
     dg = hvd.session.engine().process_set(0).executor.device._device_group
-    topo = hvd.runtime.state().topology
+    topo = hvd.core.runtime.state().topology
     kinds = [t for _, t in dg.phases]
     if topo.size == 1:  # a world of one moves nothing
         assert kinds == [Transport.LOCAL]

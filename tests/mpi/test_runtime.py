@@ -55,7 +55,7 @@ def test_init_twice_is_harmless(hvd):
 def test_cpu_threads_share_the_machine(hvd):
     import torch
 
-    state = hvd.runtime.state()
+    state = hvd.core.runtime.state()
     if "OMP_NUM_THREADS" not in os.environ:
         expected = max(1, (os.cpu_count() or 1) // state.topology.machine_local_size)
         assert torch.get_num_threads() == expected == state.cpu_threads
