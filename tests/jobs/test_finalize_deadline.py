@@ -13,7 +13,7 @@ from support import job_env
 
 HANGING = textwrap.dedent("""
     import atexit, ctypes, sys
-    from mpitrain import finalize
+    from mpitrain.core import finalize
 
     libc = ctypes.CDLL(None)
     finalize.note_uncaught_exceptions()
@@ -50,7 +50,7 @@ def test_after_an_uncaught_exception_the_status_is_one():
 def test_the_real_mpi_finalize_returns_and_mpi4py_exits_quietly():
     proc, _ = run(textwrap.dedent("""
         from mpi4py import MPI
-        from mpitrain import finalize
+        from mpitrain.core import finalize
 
         finalize.finalize_within(30.0)
         print("finalized", MPI.Is_finalized(), flush=True)

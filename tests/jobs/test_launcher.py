@@ -17,7 +17,7 @@ def mpitrainrun(*args: str, timeout: float = 120) -> subprocess.CompletedProcess
 
 
 def test_settings_reach_every_rank():
-    code = ("import json, os, mpitrain as hvd; from mpitrain import runtime; hvd.init(); "
+    code = ("import json, os, mpitrain as hvd; from mpitrain.core import runtime; hvd.init(); "
             "c = runtime.state().config; "
             "print(json.dumps([hvd.rank(), hvd.local_rank(), c.fusion_threshold, "
             "c.cycle_time_ms, c.allreduce_streams, c.allreduce_algorithm, "
