@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -42,7 +43,18 @@ from ..core.dtypes import ReduceOp
 from ..core.process_sets import ProcessSet, size_of
 from .gradient_hooks import GradientHooks, OptimizerUsageError, parameter_names
 
-Pending = tuple[Any, Any]  # (handle or None, compression context)
+
+@dataclass(frozen=True)
+class UpdateInFlight:
+    """One parameter's local update on its way through Adasum (the reduced tensor is the
+    compressed update, written in place), and how to undo its compression."""
+
+    handle: collectives.Handle
+    ctx: Any
+
+    def combined(self, compression: type[Compressor]) -> torch.Tensor:
+        """Wait for the combination of every rank's update and return it."""
+        return compression.decompress(collectives.synchronize(self.handle), self.ctx)
 
 
 class AdasumOptimizer(GradientHooks):
@@ -59,7 +71,8 @@ class AdasumOptimizer(GradientHooks):
         self._requires_update = [p for group in self.param_groups for p in group["params"]
                                  if p.requires_grad]
         self._delay = {p: backward_passes_per_step for p in self._requires_update}
-        self._handles: dict[torch.Tensor, Pending] = {}
+        # A parameter's update in flight, or None while its backward passes are not all done.
+        self._handles: dict[torch.Tensor, UpdateInFlight | None] = {}
         self._starts: dict[torch.Tensor, torch.Tensor] = {}
         self._hooks = []
         if self._communicates:
@@ -79,9 +92,9 @@ class AdasumOptimizer(GradientHooks):
                 "call to step(). Increase backward_passes_per_step to accumulate gradients "
                 "locally.")
         self._delay[p] -= 1
-        self._handles[p] = self._reduce_update(p) if self._delay[p] == 0 else (None, None)
+        self._handles[p] = self._reduce_update(p) if self._delay[p] == 0 else None
 
-    def _reduce_update(self, p: torch.Tensor) -> Pending:
+    def _reduce_update(self, p: torch.Tensor) -> UpdateInFlight:
         """Step ``p`` alone with the wrapped optimizer, make it the update, submit its Adasum."""
         start = self._starts[p]
         start.copy_(p.detach())
@@ -98,7 +111,7 @@ class AdasumOptimizer(GradientHooks):
         compressed, ctx = self._compression.compress(p.data)
         handle = collectives.allreduce_async_(compressed, name=self._names[p], op=ReduceOp.ADASUM,
                                     process_set=self.process_set)
-        return handle, ctx
+        return UpdateInFlight(handle, ctx)
 
     # ------------------------------------------------------------------ public API
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -110,12 +123,13 @@ class AdasumOptimizer(GradientHooks):
             return super().step(closure)
         loss = closure() if closure is not None else None
         for p in self._requires_update:
-            if self._handles.get(p, (None, None))[0] is None:
+            if self._handles.get(p) is None:
                 self._handles[p] = self._reduce_update(p)
         # Everything is submitted before anything is waited for: ranks may order differently.
         try:
-            for p, (handle, ctx) in self._handles.items():
-                update = self._compression.decompress(collectives.synchronize(handle), ctx)
+            for p, inflight in self._handles.items():
+                assert inflight is not None  # every parameter was submitted just above
+                update = inflight.combined(self._compression)
                 start = self._starts[p]
                 start.add_(update)
                 p.data.copy_(start)
