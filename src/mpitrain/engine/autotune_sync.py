@@ -17,10 +17,15 @@ configured setting.
 
 from __future__ import annotations
 
+from collections.abc import Hashable
+
 import numpy as np
 
 from ..core.config import ALLREDUCE_ALGORITHMS, Config
+from ..core.dtypes import STORAGE
 from .autotune import Autotuner, CoordinateSearch, Setting, grids, start_setting
+from .negotiation import Response
+from .request import Kind, is_generated
 
 WORDS = 6  # generation, fusion threshold, cycle time (float64 bits), algorithm, channels, frozen
 NOTHING = np.uint64(0xFFFFFFFFFFFFFFFF)
@@ -76,6 +81,21 @@ class AutotuneSync:
     def measuring(self) -> bool:
         """Whether rank 0's tuner wants to hear what ran (False everywhere else)."""
         return self.tuner is not None and self.tuner.measuring
+
+    def record(self, set_id: int, data: list[Response]) -> None:
+        """Tell rank 0's tuner what a cycle is about to allreduce: a key per name, and bytes."""
+        tuner = self.tuner
+        assert tuner is not None
+        batch: list[tuple[Hashable, int]] = []
+        for resp in data:
+            if resp.kind != Kind.ALLREDUCE:
+                continue
+            nbytes = sum(STORAGE[dtype].itemsize * int(np.prod(shape, dtype=np.int64))
+                         for dtype, _ndim, shape in resp.meta.tensors)
+            # Generated names never repeat: one key for all of them makes each cycle a step.
+            batch.append(((set_id, "<unnamed>" if is_generated(resp.name) else resp.name),
+                          nbytes))
+        tuner.record(batch)
 
     def outgoing(self) -> np.ndarray:
         """This rank's words for the next global header."""

@@ -22,13 +22,12 @@ import numpy as np
 
 from ..core import survivors, topology
 from ..core.config import Config
-from ..core.dtypes import STORAGE
 from ..core.errors import CollectiveMismatchError, MpitrainInternalError, ranks_text
 from ..ops.kernels import cpu
 from . import autotune_sync, buckets
 from .autotune import Setting, start_setting
 from .negotiation import Response
-from .request import Completion, Handle, Kind, Request, is_generated
+from .request import Completion, Handle, Kind, Request
 from .set_registry import GLOBAL_SET_ID, SetRegistry
 from .set_state import SetState
 from .timeline import Timeline
@@ -317,27 +316,12 @@ class Engine:
         if data:
             self._executing = [resp.request for resp in data if resp.request is not None]
             if self.autotune.measuring:
-                self._measure(state.id, data)
+                self.autotune.record(state.id, data)
             state.executor.run(data)
             self._executing = []
             for resp in data:
                 state.negotiator.remember(resp)
         self._complete(state, done + data)
-
-    def _measure(self, set_id: int, data: list[Response]) -> None:
-        """Tell rank 0's tuner what is about to be allreduced: a key per name, and bytes."""
-        tuner = self.autotune.tuner
-        assert tuner is not None
-        batch: list[tuple[Hashable, int]] = []
-        for resp in data:
-            if resp.kind != Kind.ALLREDUCE:
-                continue
-            nbytes = sum(STORAGE[dtype].itemsize * int(np.prod(shape, dtype=np.int64))
-                         for dtype, _ndim, shape in resp.meta.tensors)
-            # Generated names never repeat: one key for all of them makes each cycle a step.
-            batch.append(((set_id, "<unnamed>" if is_generated(resp.name) else resp.name),
-                          nbytes))
-        tuner.record(batch)
 
     def _complete(self, state: SetState, responses: list[Response]) -> None:
         handles = []
