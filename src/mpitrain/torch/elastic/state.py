@@ -10,6 +10,7 @@ its device, as in Horovod), so it costs one copy of the model and optimizer per 
 from __future__ import annotations
 
 import copy
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -21,28 +22,31 @@ from ..functions import broadcast_optimizer_state, broadcast_parameters
 from .sampler import ElasticSampler
 
 
-class StateHandler:
+class StateHandler(ABC):
     """Keeps one tracked value's last commit: ``save``, ``restore``, ``sync``."""
 
     def __init__(self, value: Any) -> None:
         self.value = value
 
+    @abstractmethod
     def save(self) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must implement save()")
+        """Keep a copy of the value as it is now (the commit)."""
 
+    @abstractmethod
     def restore(self) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must implement restore()")
+        """Put the last saved copy back into the value."""
 
+    @abstractmethod
     def sync(self) -> None:
-        raise NotImplementedError(f"{type(self).__name__} must implement sync()")
+        """Make every rank's value rank 0's (collective)."""
 
+    @abstractmethod
     def snapshot(self) -> Any:
         """The last saved copy (picklable), for restart mode's state file."""
-        raise NotImplementedError(f"{type(self).__name__} must implement snapshot()")
 
+    @abstractmethod
     def load_snapshot(self, saved: Any) -> None:
         """Make ``saved`` the last saved copy and load it."""
-        raise NotImplementedError(f"{type(self).__name__} must implement load_snapshot()")
 
     def set_value(self, value: Any) -> None:
         """Track ``value`` instead (an attribute assigned anew), committing it at once."""
