@@ -17,7 +17,8 @@ PROBE = textwrap.dedent("""
     import json, os, stat
     import numpy as np
     from mpi4py import MPI
-    from mpitrain import collectives, session, runtime
+    from mpitrain import collectives, session
+    from mpitrain.core import runtime
     from mpitrain.ops.shm import Node
 
     session.init()
