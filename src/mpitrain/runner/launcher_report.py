@@ -11,6 +11,7 @@ no success: neither ``mpitrainrun`` nor the rendezvous agents report one.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import subprocess
 import sys
@@ -113,10 +114,8 @@ def wait_bounded(proc: subprocess.Popen[bytes], watch: LauncherWatch, launcher: 
     """Wait for the launcher to exit; once it has said it is ending the job, give it
     ``grace_s`` to do so, then end it (SIGTERM, then SIGKILL) and return 1 saying why."""
     while True:
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             return proc.wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass
         since = watch.ending_since
         if since is not None and time.monotonic() - since > grace_s:
             break
