@@ -111,6 +111,24 @@ def _descendants(pid: int) -> list[int]:
     return found
 
 
+def _describe_tree(pid: int) -> str:
+    """What was still running below a hung launcher (pid, state, kernel wait, command): tells
+    a launcher left alone (its ranks gone) from ranks that wait."""
+    lines = []
+    for child in [pid, *_descendants(pid)]:
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                state = f.read().rsplit(")", 1)[1].split()[0]
+            with open(f"/proc/{child}/wchan") as f:
+                wchan = f.read().strip() or "-"
+            with open(f"/proc/{child}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+        except OSError:
+            continue
+        lines.append(f"  {child} {state} {wchan} {command}")
+    return "processes when the timeout struck (pid, state, wait, command):\n" + "\n".join(lines)
+
+
 def _signal_python_ranks(pid: int, signum: int) -> bool:
     """Send ``signum`` to every Python process below ``pid``; True if there was one."""
     sent = False
@@ -174,11 +192,13 @@ def run_command(argv: Sequence[str], env: Mapping[str, str] | None = None, timeo
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired as exc:
             # Test ranks dump their stacks on SIGUSR1 (tests/rank_hooks.py); give them a moment.
+            processes = _describe_tree(proc.pid)
             if stack_dump and _signal_python_ranks(proc.pid, signal.SIGUSR1):
                 time.sleep(3)
             _kill_tree(proc.pid)
             out, err = proc.communicate()
-            raise subprocess.TimeoutExpired(exc.cmd, timeout, output=out, stderr=err) from None
+            raise subprocess.TimeoutExpired(exc.cmd, timeout, output=out,
+                                            stderr=f"{err}\n{processes}") from None
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

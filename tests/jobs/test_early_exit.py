@@ -98,8 +98,14 @@ def _stamp(text: str, key: str) -> float | None:
 @pytest.mark.parametrize(("how", "when", "said"), CASES,
                          ids=[f"{how}-{when}" for how, when, _ in CASES])
 def test_the_job_ends_naming_the_rank_that_left(how, when, said):
+    # os._exit() before MPI runs none of mpitrain's code on the leaving rank: Open MPI alone
+    # can end the job, and once in CI (5.0.11, after a PMIX_ERR_UNREACH) it did not, leaving
+    # rank 0 in MPI_Init.  The start timeout is mpitrain's bound for that (documented in
+    # docs/guide/reliability.md), so this case runs with one and accepts its verdict too.
+    unguarded = how.startswith("os_exit") and when == "before"
+    env = {"MPITRAIN_START_TIMEOUT": f"{START_TIMEOUT_S:g}"} if unguarded else None
     try:
-        result = run_job(2, [sys.executable, str(SCRIPT), how, when], timeout=150,
+        result = run_job(2, [sys.executable, str(SCRIPT), how, when], env=env, timeout=150,
                          stack_dump=True)
     except subprocess.TimeoutExpired as hung:
         said_so = f"{hung.output}\n{hung.stderr}"
@@ -108,17 +114,29 @@ def test_the_job_ends_naming_the_rank_that_left(how, when, said):
             # (5.0.11, seen once in CI after a PMIX_ERR_UNREACH): its own hang, not the ranks'.
             # mpitrainrun ends such a launcher (tests/unit/test_launcher_bounded_wait.py).
             pytest.xfail(f"Open MPI's launcher hung after ending the job:\n{said_so}")
-        pytest.fail(f"the job hung; its output, stacks included:\n{said_so}")
+        pytest.fail(f"the job hung; its output, stacks and processes included:\n{said_so}")
     ended = time.time()
     output = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
     assert result.returncode != 0, output
     assert "FINISHED" not in result.stdout, output
+    bound = BOUND_S
+    if unguarded and not re.search(said, result.stderr + result.stdout):
+        said, bound = f"{WAITED_IN_INIT.format(0)}|{ROLL_CALL_NAMED.format(1)}", START_BOUND_S
     assert re.search(said, result.stderr + result.stdout), output
     left, entered = _stamp(result.stdout, "LEFT_AT"), _stamp(result.stdout, "INIT_AT")
     assert left is not None, output
     start = max(left, entered or left)
     print(f"{how} {when}: ended {ended - start:.1f} s after the departure")
-    assert ended - start < BOUND_S, f"took {ended - start:.1f} s to end\n{output}"
+    assert ended - start < bound, f"took {ended - start:.1f} s to end\n{output}"
+
+
+def test_os_exit_zero_before_mpi_started_is_bounded_by_the_start_timeout():
+    # The gap below, closed by the start timeout: rank 0's MPI_Init watchdog ends the job.
+    result = run_job(2, [sys.executable, str(SCRIPT), "os_exit0", "before"], timeout=150,
+                     env={"MPITRAIN_START_TIMEOUT": f"{START_TIMEOUT_S:g}"}, stack_dump=True)
+    output = f"stdout:\n{result.stdout}\nstderr:\n{result.stderr}"
+    assert result.returncode != 0 and "FINISHED" not in result.stdout, output
+    assert re.search(WAITED_IN_INIT.format(0), result.stderr), output
 
 
 @pytest.mark.xfail(strict=True, raises=Exception,
@@ -199,6 +217,8 @@ START_BOUND_S = START_TIMEOUT_S + 30.0
 WAITED_IN_INIT = (r"rank {} waited in MPI_Init past the start timeout of 8 s "
                   r"\(MPITRAIN_START_TIMEOUT, mpitrainrun --start-timeout\) for ranks that have "
                   r"not started MPI")
+ROLL_CALL_NAMED = (r"rank {} of \d+ did not reach mpitrain\.init\(\) within the start timeout "
+                   r"of 8 s")
 
 
 @pytest.mark.parametrize(("late", "mpi_early", "said"), [
