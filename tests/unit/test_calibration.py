@@ -15,7 +15,8 @@ class SlowestRankComm:
         return max(value, self.slowest_elsewhere)
 
 
-def calibrate(costs: dict[str, list[float]], comm=None, verbose=False) -> Calibration:
+def calibrate(costs: dict[str, list[float]], comm=None, verbose=False,
+              narrow=False) -> Calibration:
     """Run trials whose duration is the next cost listed for that contender (the list
     starts over when used up: a second look sees the same times unless more are listed)."""
     now = [0.0]
@@ -24,15 +25,15 @@ def calibrate(costs: dict[str, list[float]], comm=None, verbose=False) -> Calibr
     comm = comm or SlowestRankComm()
     nbytes = 32 << 20
     calls = 0
-    while calibration.choice(nbytes) is None:
-        name = calibration.next_trial(nbytes)
+    while calibration.choice(nbytes, narrow) is None:
+        name = calibration.next_trial(nbytes, narrow)
 
         def advance(name=name):
             cost = remaining[name].pop(0)
             remaining[name].append(cost)
             now[0] += cost
 
-        calibration.run_trial(comm, nbytes, name, advance)
+        calibration.run_trial(comm, nbytes, name, advance, narrow)
         calls += 1
         assert calls <= calls_to_decide(len(costs))
     return calibration
@@ -155,7 +156,28 @@ def test_16_bit_buffers_are_calibrated_apart_from_32_bit_ones_of_the_same_bytes(
     calibration = calibrate({"mpi": [1.0] * TRIALS, "ring": [2.0] * TRIALS})
     assert calibration.choice(32 << 20) == "mpi"
     assert calibration.choice(32 << 20, narrow=True) is None
-    assert calibration.next_trial(32 << 20, narrow=True) == "mpi"  # its own trials start
+    assert calibration.next_trial(32 << 20, narrow=True) == "ring"  # its own trials start
+
+
+def test_on_16_bit_buffers_mpi_runs_last_and_one_plainly_slow_call_cuts_it():
+    # MPI's own widens them: the layout's choice and the ring go first, MPI's one call at
+    # more than PRUNE times their best ends its first round; the second look still gives it
+    # one more call, at another time, before it is left.
+    costs = {"mpi": [0.66] * 3, "hierarchical": [0.096] * 3, "ring": [0.125] * 3}
+    calibration = calibrate(costs, narrow=True)
+    names = [name for name, _ in calibration.trials[Calibration.size_class(32 << 20, True)]]
+    assert names == (["hierarchical"] * TRIALS + ["ring"] * TRIALS + ["mpi"]
+                     + ["hierarchical"] * TRIALS + ["mpi"])
+    assert calibration.choice(32 << 20, narrow=True) == "hierarchical"
+
+
+def test_on_16_bit_buffers_mpi_that_keeps_up_is_still_kept():
+    # Last to run, but first in preference: within MARGIN of the fastest it still wins.
+    costs = {"mpi": [0.1] * 3, "hierarchical": [0.096] * 3, "ring": [0.125] * 3}
+    calibration = calibrate(costs, narrow=True)
+    names = [name for name, _ in calibration.trials[Calibration.size_class(32 << 20, True)]]
+    assert names == ["hierarchical"] * TRIALS + ["ring"] * TRIALS + ["mpi"] * TRIALS
+    assert calibration.choice(32 << 20, narrow=True) == "mpi"
 
 
 def test_the_table_judges_16_bit_buffers_by_the_bytes_mpi_would_move():
