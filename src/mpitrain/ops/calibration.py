@@ -180,8 +180,8 @@ class Calibration:
             return False
         if key not in self.first_round:
             # Two slow calls, not one: a first call of ours also pays for setting its
-            # algorithm up.  MPI's own sets nothing up of ours, and its connections are up
-            # (the link probe, init()): one call tells.
+            # algorithm up.  MPI's own sets nothing up of ours, and where it can be cut it ran
+            # after the others, over connections they opened: one call tells.
             return len(times) >= (1 if name == self.contenders[0] else 2)
         # The second look: only MPI's own can be cut, and only when the first round said so
         # too -- two observations at different times, as the second look is there for.
