@@ -17,7 +17,13 @@ from pathlib import Path
 import pytest
 
 from mpitrain.core import config
-from support import ROOT, job_env, netns_tool, require_namespace_cluster
+from support import (
+    ROOT,
+    again_if_the_launcher_failed_to_start,
+    job_env,
+    netns_tool,
+    require_namespace_cluster,
+)
 
 pytestmark = pytest.mark.netns
 
@@ -60,8 +66,8 @@ def launch(c, command: list[str], launcher_args: list[str] = (), np: int = HOSTS
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     argv = c.launch_argv(np, command, launcher_args)
     try:
-        return subprocess.run(argv, env=env, capture_output=True, text=True,
-                              timeout=JOB_TIMEOUT, cwd=ROOT)
+        return again_if_the_launcher_failed_to_start(lambda: subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=ROOT))
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"job across the namespace hosts hung for {JOB_TIMEOUT} s: "
                     f"{(exc.stdout or '')!s:.4000}")

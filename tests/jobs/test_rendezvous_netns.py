@@ -26,7 +26,13 @@ from pathlib import Path
 import pytest
 
 from mpitrain.runner.rdzv_wire import SECRET_VARIABLE
-from support import ROOT, job_env, netns_tool, require_namespace_cluster
+from support import (
+    ROOT,
+    again_if_the_launcher_failed_to_start,
+    job_env,
+    netns_tool,
+    require_namespace_cluster,
+)
 
 # Each test bounds its own waits; this is the backstop should one of them not.
 pytestmark = [pytest.mark.netns, pytest.mark.timeout(900)]
@@ -195,10 +201,10 @@ def _layout(stdout: str) -> list[dict]:
 
 def test_digits_trains_as_one_job_to_the_same_bits_as_under_mpirun(cluster, tmp_path):
     plain_dir, rdzv_dir = tmp_path / "plain", tmp_path / "rdzv"
-    plain = subprocess.run(
+    plain = again_if_the_launcher_failed_to_start(lambda: subprocess.run(
         cluster.launch_argv(NODES * SLOTS, ["python", str(DIGITS), *DIGITS_ARGS,
                                             "--checkpoint-dir", str(plain_dir)], ALGORITHM),
-        env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=ROOT)
+        env=_env(), capture_output=True, text=True, timeout=JOB_TIMEOUT, cwd=ROOT))
     assert plain.returncode == 0, plain.stdout[-3000:] + plain.stderr[-3000:]
     # The script path alone, as in a torchrun task line: it runs under the agent's Python.
     # With a secret, which the ranks must not see (LAYOUT's secret_seen).
