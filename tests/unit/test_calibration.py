@@ -2,7 +2,7 @@
 
 import pytest
 
-from mpitrain.ops.calibration import TRIALS, Calibration, calls_to_decide
+from mpitrain.ops.calibration import PRUNE, TRIALS, Calibration, Settled, calls_to_decide
 
 
 class SlowestRankComm:
@@ -21,10 +21,17 @@ def calibrate(costs: dict[str, list[float]], comm=None, verbose=False,
     starts over when used up: a second look sees the same times unless more are listed)."""
     now = [0.0]
     calibration = Calibration(tuple(costs), clock=lambda: now[0], verbose=verbose)
+    decide(calibration, now, costs, comm=comm, narrow=narrow)
+    return calibration
+
+
+def decide(calibration: Calibration, now: list[float], costs: dict[str, list[float]],
+           nbytes: int = 32 << 20, comm=None, narrow=False) -> list[str]:
+    """Run ``calibration``'s trials of ``nbytes``' class (costs as in :func:`calibrate`)
+    until it is decided; return the contenders in the order they ran."""
     remaining = {name: list(times) for name, times in costs.items()}
     comm = comm or SlowestRankComm()
-    nbytes = 32 << 20
-    calls = 0
+    ran = []
     while calibration.choice(nbytes, narrow) is None:
         name = calibration.next_trial(nbytes, narrow)
 
@@ -34,9 +41,9 @@ def calibrate(costs: dict[str, list[float]], comm=None, verbose=False,
             now[0] += cost
 
         calibration.run_trial(comm, nbytes, name, advance, narrow)
-        calls += 1
-        assert calls <= calls_to_decide(len(costs))
-    return calibration
+        ran.append(name)
+        assert len(ran) <= calls_to_decide(len(costs))
+    return ran
 
 
 @pytest.mark.parametrize("fastest", ["mpi", "hierarchical", "ring"])
@@ -180,6 +187,70 @@ def test_on_16_bit_buffers_mpi_that_keeps_up_is_still_kept():
     assert calibration.choice(32 << 20, narrow=True) == "mpi"
 
 
+def test_a_class_first_met_mid_job_leaves_out_what_lost_plainly_next_to_it():
+    """The stalls of Compression.fp16 on 2 x 2 hosts at 1 Gbit/s: two 8 MiB float16 buckets
+    decided hierarchical (MPI's own 550 ms, cut short, against 90 ms); then, in the middle of
+    training, the two fused into one 16 MiB bucket, a class of its own, whose trial of MPI's
+    own took 2.1 s, one stalled step, and its second look another 1.7 s.  MPI's own lost
+    plainly next door: the new class runs without it, and without a second look."""
+    now = [0.0]
+    calibration = Calibration(("mpi", "hierarchical", "ring"), clock=lambda: now[0])
+    first = decide(calibration, now, {"mpi": [0.55], "hierarchical": [0.09], "ring": [0.115]},
+                   nbytes=16 << 20, narrow=True)
+    assert "mpi" in first and calibration.choice(16 << 20, narrow=True) == "hierarchical"
+    assert calibration.losers[Calibration.size_class(16 << 20, True)] == {"mpi"}
+    ran = decide(calibration, now, {"mpi": [2.1], "hierarchical": [0.16], "ring": [0.23]},
+                 nbytes=32 << 20, narrow=True)
+    assert ran == ["hierarchical"] * TRIALS + ["ring"] * TRIALS
+    assert calibration.choice(32 << 20, narrow=True) == "hierarchical"
+    # A smaller class met later leaves it out too (the evidence holds both ways) ...
+    assert "mpi" not in decide(calibration, now, {"mpi": [0.3], "hierarchical": [0.05],
+                                                  "ring": [0.06]}, nbytes=8 << 20, narrow=True)
+    # ... but not across element widths: a float32 class of the same bytes tries MPI's own.
+    assert "mpi" in decide(calibration, now, {"mpi": [0.15], "hierarchical": [0.16],
+                                              "ring": [0.25]}, nbytes=32 << 20)
+
+
+def test_what_an_adjacent_class_chose_runs_even_if_the_other_one_saw_it_lose():
+    # Near a crossover: MPI's own lost plainly below and won above; the class between tries it.
+    now = [0.0]
+    calibration = Calibration(("mpi", "hierarchical", "ring"), clock=lambda: now[0])
+    decide(calibration, now, {"mpi": [0.4], "hierarchical": [0.1], "ring": [0.12]},
+           nbytes=8 << 20)
+    decide(calibration, now, {"mpi": [0.3], "hierarchical": [0.5], "ring": [0.5]},
+           nbytes=32 << 20)
+    assert calibration.choice(32 << 20) == "mpi"
+    assert "mpi" in decide(calibration, now, {"mpi": [0.2], "hierarchical": [0.2],
+                                              "ring": [0.3]}, nbytes=16 << 20)
+
+
+def test_a_contender_that_kept_up_in_one_round_is_not_a_plain_loser():
+    # MPI's own cut short in the first round, level with the choice on the second look:
+    # hierarchical is kept (MPI's own is not within the margin), but MPI's own is no loser.
+    costs = {"mpi": [0.5, 0.12, 0.12, 0.12], "hierarchical": [0.1] * 6, "ring": [0.13] * 3}
+    calibration = calibrate(costs, narrow=True)
+    key = Calibration.size_class(32 << 20, True)
+    names = [name for name, _ in calibration.trials[key]]
+    assert names[2 * TRIALS:] == ["mpi"] + ["hierarchical"] * TRIALS + ["mpi"] * TRIALS
+    assert calibration.choice(32 << 20, narrow=True) == "hierarchical"
+    assert calibration.losers[key] == frozenset()
+    assert PRUNE * 0.1 >= 0.12  # the second look's MPI call was within PRUNE
+
+
+def test_plain_losers_from_an_earlier_run_leave_them_out_too():
+    # As _new_calibration starts a job from the cache: the neighbour decided by an earlier
+    # run, with its plain losers.
+    now = [0.0]
+    calibration = Calibration(("mpi", "hierarchical", "ring"), clock=lambda: now[0])
+    neighbour = Calibration.size_class(16 << 20, True)
+    calibration.decided[neighbour] = "hierarchical"
+    calibration.expected[neighbour] = 0.09
+    calibration.losers[neighbour] = frozenset({"mpi", "ring"})
+    ran = decide(calibration, now, {"mpi": [2.1], "hierarchical": [0.16], "ring": [0.3]},
+                 nbytes=32 << 20, narrow=True)
+    assert ran == ["hierarchical"] * TRIALS  # the only contender left: no tax at all
+
+
 def test_the_table_judges_16_bit_buffers_by_the_bytes_mpi_would_move():
     from mpitrain.ops.algorithms import MPI_MAX_BYTES, choice_bytes
 
@@ -227,18 +298,22 @@ def cache_group(path):
                            config=SimpleNamespace(calibration_cache=str(path)))
 
 
+def choices(loaded):
+    return {key: settled.choice for key, settled in loaded.items()}
+
+
 def test_cached_choices_hold_on_the_same_link_and_not_on_another(tmp_path):
     from mpitrain.ops import calibration_cache as cache
 
     group, sig = cache_group(tmp_path / "c.json"), "layout"
-    cache.store(group, sig, 1000.0, (False, 24), "hierarchical")
+    cache.store(group, sig, 1000.0, (False, 24), Settled("hierarchical"))
     # Within the tolerance (either side, even across what used to be a class boundary).
-    assert cache.load(group, sig, 1900.0) == {(False, 24): "hierarchical"}
-    assert cache.load(group, sig, 600.0) == {(False, 24): "hierarchical"}
+    assert choices(cache.load(group, sig, 1900.0)) == {(False, 24): "hierarchical"}
+    assert choices(cache.load(group, sig, 600.0)) == {(False, 24): "hierarchical"}
     # Another link (a shaped-down one): nothing, and its decision replaces the old entry.
     assert cache.load(group, sig, 4100.0) == {}
-    cache.store(group, sig, 4100.0, (False, 20), "ring")
-    assert cache.load(group, sig, 4000.0) == {(False, 20): "ring"}
+    cache.store(group, sig, 4100.0, (False, 20), Settled("ring"))
+    assert choices(cache.load(group, sig, 4000.0)) == {(False, 20): "ring"}
     assert cache.load(group, sig, 1000.0) == {}
     # Another layout's signature sees nothing; a malformed or old-format entry is ignored.
     assert cache.load(group, "other", 4000.0) == {}
@@ -252,13 +327,27 @@ def test_cached_choices_keep_the_time_they_were_decided_with(tmp_path):
     from mpitrain.ops import calibration_cache as cache
 
     group, sig = cache_group(tmp_path / "c.json"), "layout"
-    cache.store(group, sig, 1000.0, (False, 25), "mpi", 0.30)
-    cache.store(group, sig, 1000.0, (True, 25), "hierarchical")  # an older writer: no time
-    assert cache.load(group, sig, 1000.0) == {(False, 25): "mpi", (True, 25): "hierarchical"}
-    assert cache.load_times(group, sig, 1000.0) == {(False, 25): 0.30}
-    assert cache.load_times(group, sig, 4100.0) == {}  # another link: no choices, no times
-    cache.store(group, sig, 1000.0, (False, 25), "hierarchical", 0.09)
-    assert cache.load_times(group, sig, 1000.0) == {(False, 25): 0.09}
+    cache.store(group, sig, 1000.0, (False, 25), Settled("mpi", 0.30))
+    cache.store(group, sig, 1000.0, (True, 25), Settled("hierarchical"))  # no time
+    assert cache.load(group, sig, 1000.0) == {(False, 25): Settled("mpi", 0.30),
+                                              (True, 25): Settled("hierarchical")}
+    assert cache.load(group, sig, 4100.0) == {}  # another link: no choices, no times
+    cache.store(group, sig, 1000.0, (False, 25), Settled("hierarchical", 0.09))
+    assert cache.load(group, sig, 1000.0)[(False, 25)].seconds == 0.09
+
+
+def test_cached_choices_keep_their_plain_losers(tmp_path):
+    from mpitrain.ops import calibration_cache as cache
+
+    group, sig = cache_group(tmp_path / "c.json"), "layout"
+    settled = Settled("hierarchical", 0.09, frozenset({"mpi"}))
+    cache.store(group, sig, 1000.0, (True, 25), settled)
+    assert cache.load(group, sig, 1000.0) == {(True, 25): settled}
+    # An entry written before losers were kept loads with none (every contender runs).
+    (tmp_path / "c.json").write_text(
+        '{"layout": {"link_us": 1000.0, "choices": {"16bit:25": "ring"}, '
+        '"seconds": {"16bit:25": 0.1}}}')
+    assert cache.load(group, sig, 1000.0) == {(True, 25): Settled("ring", 0.1)}
 
 
 def given(choice: str, decided_s: float, verbose: bool = False):

@@ -291,16 +291,16 @@ def _new_calibration(group: Group, contenders: tuple[str, ...]) -> Calibration:
         return calibration
     sig = calibration_cache.signature(group)
     link_us = calibration_cache.link_probe(group)
-    times = calibration_cache.load_times(group, sig, link_us)
-    for key, choice in calibration_cache.load(group, sig, link_us).items():
+    for key, settled in calibration_cache.load(group, sig, link_us).items():
         # Without the time it was decided with, a choice cannot be checked: decide again.
-        if choice in contenders and key in times:
-            calibration.decided[key] = choice
-            calibration.expected[key] = times[key]
+        if settled.choice in contenders and settled.seconds is not None:
+            calibration.decided[key] = settled.choice
+            calibration.expected[key] = settled.seconds
+            calibration.losers[key] = settled.losers & frozenset(contenders)
             if verbose:
                 sys.stderr.write(calibration.describe(key) + "\n")
-    calibration.on_settle = lambda key, choice, seconds: calibration_cache.store(
-        group, sig, link_us, key, choice, seconds)
+    calibration.on_settle = lambda key, settled: calibration_cache.store(
+        group, sig, link_us, key, settled)
     return calibration
 
 

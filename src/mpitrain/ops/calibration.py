@@ -34,6 +34,15 @@ running it first, three times, made a job's first 20 steps with ``Compression.fp
 started again on the same layout and link starts with them and runs no trials, only a check
 of each on its first ``CHECK_CALLS`` calls against the time it was decided with.
 
+A class first met in the middle of a job (gradients fused into one bucket where they usually
+make two) is no new question: its neighbours have answered most of it.  A contender that lost
+plainly in an adjacent class of the same element width (its median more than :data:`PRUNE`
+times the choice's in every round it ran) does not run there, unless the other neighbour chose
+it; where MPI's own is left out so, the second look is not needed either (the neighbour had
+its own).  On 2 x 2 namespace hosts at 1 Gbit/s, ``Compression.fp16``'s two 8 MiB buckets
+sometimes fused into one of 16 MiB, a class of its own: its trial of MPI's own took 0.9-2.1 s
+against hierarchical's 0.15-0.24 s, the single stalled steps of that training (2026-11-29).
+
 Used only across several nodes, from ``algorithms.CALIBRATION_MIN_BYTES`` up (16-bit buffers
 from ``NARROW_CALIBRATION_BYTES``); one node keeps the measured table, where shared memory wins
 by 2-3x.
@@ -75,6 +84,16 @@ PRUNE = 1.5
 Key = tuple[bool, int]  # (16-bit element type, size class)
 
 
+@dataclass(frozen=True)
+class Settled:
+    """One size class's decision, as the cache keeps it across runs."""
+
+    choice: str
+    seconds: float | None = None  # the choice's median trial time (slowest rank)
+    # Contenders that lost plainly (see Calibration.losers): the neighbours' evidence.
+    losers: frozenset[str] = frozenset()
+
+
 def calls_to_decide(contenders: int) -> int:
     """The most allreduces of one size class before its choice is made: ``TRIALS`` of each
     contender, then ``TRIALS`` each of MPI's own and the provisional choice."""
@@ -94,9 +113,13 @@ class Calibration:
     provisional: dict[Key, str] = field(default_factory=dict)
     # Trials of the first round, once it is over (the second look's come after them).
     first_round: dict[Key, int] = field(default_factory=dict)
-    # Told every decision made by trials (not those given at the start), with the chosen
-    # contender's median trial time in seconds: the cache's writer.
-    on_settle: Callable[[Key, str, float], None] | None = None
+    # Told every decision made by trials (not those given at the start): the cache's writer.
+    on_settle: Callable[[Key, Settled], None] | None = None
+    # Per decided class, the contenders whose median was more than PRUNE times the choice's
+    # in every round they both ran: adjacent classes leave them out of their trials.
+    losers: dict[Key, frozenset[str]] = field(default_factory=dict)
+    # Per class, its contenders (fixed when its first trial runs; see _entrants).
+    entrants: dict[Key, tuple[str, ...]] = field(default_factory=dict)
     # Choices given at the start with the time they took when decided (seconds): checked on
     # the first calls of their class (see CHECK_TOLERANCE), then dropped from here.
     expected: dict[Key, float] = field(default_factory=dict)
@@ -149,16 +172,32 @@ class Calibration:
         assert name is not None, "next_trial after the decision"
         return name
 
+    def _entrants(self, key: Key) -> tuple[str, ...]:
+        """The contenders of this class: all but those an adjacent class of the same width saw
+        lose plainly, unless the other adjacent class chose them.  At the sizes calibrated,
+        each algorithm's time grows with the bytes, so one that took more than PRUNE times the
+        best at half or twice the size is not the best here (and where an adjacent class chose
+        it, the classes are near a crossover: it runs).  Never empty: a decided neighbour's
+        choice is not its loser."""
+        if key not in self.entrants:
+            narrow, bits = key
+            near = [(narrow, bits - 1), (narrow, bits + 1)]
+            lost = set().union(*(self.losers.get(k, frozenset()) for k in near))
+            lost -= {self.decided[k] for k in near if k in self.decided}
+            self.entrants[key] = tuple(c for c in self.contenders if c not in lost)
+        return self.entrants[key]
+
     def _round(self, key: Key) -> tuple[tuple[str, ...], list[tuple[str, float]]]:
         """This round's contenders in running order, and its trials so far."""
         trials = self.trials.get(key, [])
         if key not in self.first_round:
+            entrants = self._entrants(key)
             narrow, _ = key
-            if narrow:
+            if narrow and entrants[0] == self.contenders[0]:
                 # MPI's own widens 16-bit buffers (twice the bytes, two casts): it runs last,
                 # so that the others' times can cut it short after one call (see _pruned).
-                return (*self.contenders[1:], self.contenders[0]), trials
-            return self.contenders, trials
+                return (*entrants[1:], entrants[0]), trials
+            return entrants, trials
         # The second look: the provisional choice first, so MPI's own can be cut short.
         return (self.provisional[key], self.contenders[0]), trials[self.first_round[key]:]
 
@@ -207,24 +246,43 @@ class Calibration:
             return
         _, trials = self._round(key)
         # Decided in order of preference (MPI's own first), whatever order the calls ran in.
-        choice = self._decide(trials, (self.contenders[0], self.provisional[key])
-                              if key in self.first_round else self.contenders)
-        seconds = statistics.median(t for n, t in trials if n == choice)
+        mpi = self.contenders[0]
+        choice = self._decide(trials, (mpi, self.provisional[key])
+                              if key in self.first_round else self._entrants(key))
         if key in self.first_round:
-            self._settle(key, choice, seconds)
-        elif choice == self.contenders[0]:
+            self._settle(key, choice)
+        elif choice == mpi or mpi not in self._entrants(key):
             self.first_round[key] = len(self.trials[key])
-            self._settle(key, choice, seconds)
+            self._settle(key, choice)
         else:
             self.first_round[key] = len(self.trials[key])
             self.provisional[key] = choice
 
-    def _settle(self, key: Key, choice: str, seconds: float) -> None:
+    def _settle(self, key: Key, choice: str) -> None:
         self.decided[key] = choice
+        self.losers[key] = self._plain_losers(key, choice)
         if self.on_settle is not None:
-            self.on_settle(key, choice, seconds)
+            seconds = statistics.median(t for n, t in self._rounds(key)[-1] if n == choice)
+            self.on_settle(key, Settled(choice, seconds, self.losers[key]))
         if self.verbose:
             sys.stderr.write(self.describe(key) + "\n")
+
+    def _rounds(self, key: Key) -> list[list[tuple[str, float]]]:
+        """The class's trials, by round: the first, then the second look if it ran."""
+        trials = self.trials.get(key, [])
+        first = self.first_round.get(key, len(trials))
+        return [trials[:first]] + ([trials[first:]] if trials[first:] else [])
+
+    def _plain_losers(self, key: Key, choice: str) -> frozenset[str]:
+        """The contenders whose median was more than PRUNE times the choice's in every round
+        where both ran (and that ran in one)."""
+        verdicts: dict[str, list[bool]] = {}
+        for trials in self._rounds(key):
+            best = [t for n, t in trials if n == choice]
+            for name in {n for n, _ in trials if n != choice} if best else ():
+                mine = statistics.median(t for n, t in trials if n == name)
+                verdicts.setdefault(name, []).append(mine > PRUNE * statistics.median(best))
+        return frozenset(name for name, lost in verdicts.items() if all(lost))
 
     def describe(self, key: Key) -> str:
         """One line: the size class, what it runs and the trial medians that chose it."""
@@ -242,8 +300,11 @@ class Calibration:
         again = self.provisional.get(key)
         second = (f"; then {medians(self.trials[key][first:], (again, self.contenders[0]))}"
                   if again and len(self.trials[key]) > first else "")
+        left_out = [c for c in self.contenders if c not in self._entrants(key)]
+        skipped = (f"; {', '.join(left_out)} not tried: plainly slower at an adjacent size"
+                   if left_out else "")
         return (f"{head} (median of up to {TRIALS} trials, slowest rank: "
-                f"{medians(self.trials[key][:first], self.contenders)}{second})")
+                f"{medians(self.trials[key][:first], self.contenders)}{second}{skipped})")
 
     @staticmethod
     def _head(key: Key, choice: str) -> str:

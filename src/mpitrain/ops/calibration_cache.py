@@ -4,14 +4,16 @@
 decisions hold as long as what decided them holds: the node layout, the MPI library, mpitrain's
 own algorithms and the link.  Layout, library and version are known (the signature); the link
 is measured -- a short probe (MPI's own Allreduce of :data:`PROBE_BYTES`, a few times, the
-slowest rank's median) stored beside the choices.  A job finds the choices of an earlier run
+slowest rank's fastest) stored beside the choices.  A job finds the choices of an earlier run
 with the same signature and a probe within :data:`LINK_TOLERANCE` of the stored one, and runs
 no trials for those sizes; a shaped-down link, another cluster, a new mpitrain or MPI library
 calibrates afresh (and replaces that entry).  Each choice is stored with the time it took when
 decided, and :class:`.calibration.Calibration` checks it on the job's first calls of its size:
 a probe of 2 MiB can miss a change that decides at 32 MiB (on 2 cores it told unshaped veth
 from a 1 Gbit/s link by less than 2x), so a choice that now takes another time is decided
-again.  A tolerance rather than classes of factors of
+again.  The contenders that lost plainly are stored too: a size class first met by a later job
+leaves them out of its trials as it would in the job that decided its neighbours.  A tolerance
+rather than classes of factors of
 two: a probe near a class boundary flipped classes between runs of one cluster under load.
 
 Rank 0 alone reads and writes the file (``MPITRAIN_CALIBRATION_CACHE``; a JSON object, one
@@ -26,7 +28,6 @@ import contextlib
 import json
 import math
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -36,15 +37,17 @@ import numpy as np
 from mpi4py import MPI
 
 from ..core.version import __version__
+from .calibration import Key, Settled
 from .group import Group
 
 PROBE_BYTES = 2 << 20
-PROBE_CALLS = 3
+# The fastest of these calls is the link's time: load only ever adds to it.  The median of
+# three, taken right after init() on 2 shared cores, once came out 2x off the first job's in
+# the next job on the same cluster (2 x 2 namespace hosts, 1 Gbit/s, 2026-11-29): the entry
+# was replaced, and every choice it held was tried again, mid-training.
+PROBE_CALLS = 5
 # Probes within this factor of each other are the same link.
 LINK_TOLERANCE = 2.0
-
-Key = tuple[bool, int]  # a calibration size class: (16-bit element type, bits)
-
 
 def cache_path(group: Group) -> Path | None:
     """The file, or None when the cache is off (an empty value or ``0``).  Only rank 0's
@@ -71,7 +74,7 @@ def link_probe(group: Group, clock: Callable[[], float] = time.perf_counter) -> 
         start = clock()
         group.comm.Allreduce(buf, out)
         times.append(group.comm.allreduce(clock() - start, op=MPI.MAX))
-    return max(statistics.median(times), 1e-6) * 1e6
+    return max(min(times), 1e-6) * 1e6
 
 
 def same_link(stored_us: float, probed_us: float) -> bool:
@@ -89,38 +92,35 @@ def signature(group: Group) -> str:
                       sort_keys=True)
 
 
-def load(group: Group, sig: str, link_us: float) -> dict[Key, str]:
-    """The choices stored for ``sig`` on this link (read on rank 0, broadcast); collective."""
-    found: dict[str, str] = {}
-    path = cache_path(group)
-    if group.rank == 0 and path is not None:
-        choices = _entry_choices(_read(path).get(sig), link_us)
-        found = {text: choice for text, choice in choices.items()
-                 if isinstance(choice, str) and _valid(text)}
-    found = group.comm.bcast(found, root=0)
-    return {_key(text): choice for text, choice in found.items()}
-
-
-def load_times(group: Group, sig: str, link_us: float) -> dict[Key, float]:
-    """The time each stored choice took when it was decided (seconds, the slowest rank's
-    median trial), where the entry has it; collective like :func:`load`."""
-    found: dict[str, float] = {}
+def load(group: Group, sig: str, link_us: float) -> dict[Key, Settled]:
+    """The decisions stored for ``sig`` on this link, with the time each took and the
+    contenders that lost plainly where the entry has them (read on rank 0, broadcast);
+    collective."""
+    found: dict[str, tuple[str, float | None, list[str]]] = {}
     path = cache_path(group)
     if group.rank == 0 and path is not None:
         entry = _read(path).get(sig)
-        if _entry_choices(entry, link_us) and isinstance(entry, dict):
-            times = entry.get("seconds")
-            if isinstance(times, dict):
-                found = {text: float(t) for text, t in times.items()
-                         if isinstance(t, (int, float)) and t > 0 and _valid(text)}
+        choices = _entry_choices(entry, link_us)
+        times = _entry_map(entry, "seconds") if choices else {}
+        losers = _entry_map(entry, "losers") if choices else {}
+        for text, choice in choices.items():
+            if not (isinstance(choice, str) and _valid(text)):
+                continue
+            seconds = times.get(text)
+            lost = losers.get(text)
+            found[text] = (choice,
+                           float(seconds) if isinstance(seconds, (int, float))
+                           and seconds > 0 else None,
+                           [n for n in lost if isinstance(n, str)]
+                           if isinstance(lost, list) else [])
     found = group.comm.bcast(found, root=0)
-    return {_key(text): t for text, t in found.items()}
+    return {_key(text): Settled(choice, seconds, frozenset(lost))
+            for text, (choice, seconds, lost) in found.items()}
 
 
-def store(group: Group, sig: str, link_us: float, key: Key, choice: str,
-          seconds: float | None = None) -> None:
-    """Record one decision and, if given, the time it took (rank 0 writes; other ranks do
-    nothing).  An entry measured on another link is replaced, not merged."""
+def store(group: Group, sig: str, link_us: float, key: Key, settled: Settled) -> None:
+    """Record one decision (rank 0 writes; other ranks do nothing).  An entry measured on
+    another link is replaced, not merged."""
     path = cache_path(group)
     if group.rank != 0 or path is None:
         return
@@ -129,19 +129,27 @@ def store(group: Group, sig: str, link_us: float, key: Key, choice: str,
     kept = _entry_choices(entry, link_us)
     # The first probe stays the reference (kept is non-empty only for a well-formed entry).
     link = entry["link_us"] if kept and isinstance(entry, dict) else link_us
-    times = entry.get("seconds") if kept and isinstance(entry, dict) else None
-    times = dict(times) if isinstance(times, dict) else {}
-    if seconds is None:
-        times.pop(_text(key), None)
-    else:
-        times[_text(key)] = seconds
-    data[sig] = {"link_us": link, "choices": {**kept, _text(key): choice}, "seconds": times}
+    times = _entry_map(entry, "seconds") if kept else {}
+    losers = _entry_map(entry, "losers") if kept else {}
+    text = _text(key)
+    times.pop(text, None)
+    if settled.seconds is not None:
+        times[text] = settled.seconds
+    losers[text] = sorted(settled.losers)
+    data[sig] = {"link_us": link, "choices": {**kept, text: settled.choice}, "seconds": times,
+                 "losers": losers}
     with contextlib.suppress(OSError):  # a read-only home must not fail a training step
         path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=".allreduce-choices-", dir=path.parent)
         with os.fdopen(fd, "w") as f:  # mkstemp creates it 0600
             json.dump(data, f, indent=1, sort_keys=True)
         os.replace(tmp, path)
+
+
+def _entry_map(entry: object, name: str) -> dict[str, object]:
+    """A copy of an entry's ``name`` map (per size class), or an empty one."""
+    value = entry.get(name) if isinstance(entry, dict) else None
+    return dict(value) if isinstance(value, dict) else {}
 
 
 def _entry_choices(entry: object, link_us: float) -> dict[str, str]:
