@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..core.dtypes import check_reduce_supported
+from ..core.dtypes import ReduceOp, check_reduce_supported
 from ..core.process_sets import ProcessSet, global_process_set, set_id_of
 from ..engine.request import Entry, Handle, Kind, Request
 from . import arrays, wire
@@ -26,35 +26,56 @@ from .requests import (
     synchronize,
 )
 
+# How one tensor of a reduction becomes an engine entry, given the checked op and scale
+# factors: ``(tensor, what, op, prescale, postscale) -> (entry, what the caller keeps)``.
+EntryMaker = Callable[[Any, str, ReduceOp, float, float], tuple[Entry, Any]]
+
+
+def _reduction_request(kind: Kind, tensors: Sequence[Any], name: str | None, op: ReduceOp | Any,
+                       average: bool | None, scales: tuple[Any, Any], process_set: ProcessSet,
+                       make_entry: EntryMaker) -> tuple[Request, list[Any]]:
+    """The request of an allreduce or a reducescatter, and what each tensor's caller keeps.
+
+    The name comes first (see ``request_name``); every check after it raises inside
+    ``refused_everywhere``, so that a rank's refusal reaches the other ranks too.
+    """
+    set_id = set_id_of(process_set)
+    full_name = request_name(name, set_id, kind)  # first: see request_name
+    with refused_everywhere(full_name, kind, set_id):
+        reduce_op = resolve_op(op, average)
+        pre = scale_factor(scales[0], "prescale_factor")
+        post = scale_factor(scales[1], "postscale_factor")
+        check_adasum(reduce_op, set_id)
+        entries, kept = [], []
+        for i, t in enumerate(tensors):
+            what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
+            entry, keep = make_entry(t, what, reduce_op, pre, post)
+            entries.append(entry)
+            kept.append(keep)
+        device = device_kind(tensors)
+    request = Request(name=full_name, kind=kind, entries=entries, op=reduce_op,
+                      prescale=pre, postscale=post, device=device,
+                      ready=ready_events(tensors), process_set_id=set_id)
+    return request, kept
+
 
 def _allreduce_request(tensors: Sequence[Any], in_place: bool, name: str | None, op: Any,
                        average: bool | None, prescale_factor: Any, postscale_factor: Any,
                        process_set: ProcessSet) -> tuple[Request, list[Any]]:
-    set_id = set_id_of(process_set)
-    full_name = request_name(name, set_id, Kind.ALLREDUCE)  # first: see request_name
-    with refused_everywhere(full_name, Kind.ALLREDUCE, set_id):
-        reduce_op = resolve_op(op, average)
-        pre = scale_factor(prescale_factor, "prescale_factor")
-        post = scale_factor(postscale_factor, "postscale_factor")
-        check_adasum(reduce_op, set_id)
-        entries, outputs = [], []
-        for i, t in enumerate(tensors):
-            what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
-            if in_place:
-                entry, out = entry_in_place(t, what), t
-            else:
-                entry, out = entry_new_output(t, what)
-            check_reduce_supported(entry.dtype, reduce_op)
-            if entry.dtype == "bool" and (pre != 1.0 or post != 1.0):
-                raise ValueError(f"{what} is bool: scale factors must be 1, got "
-                                 f"prescale_factor={pre}, postscale_factor={post}")
-            entries.append(entry)
-            outputs.append(out)
-        device = device_kind(tensors)
-    request = Request(name=full_name, kind=Kind.ALLREDUCE, entries=entries, op=reduce_op,
-                      prescale=pre, postscale=post, device=device,
-                      ready=ready_events(tensors), process_set_id=set_id)
-    return request, outputs
+    def make_entry(t: Any, what: str, reduce_op: ReduceOp, pre: float,
+                   post: float) -> tuple[Entry, Any]:
+        if in_place:
+            entry, out = entry_in_place(t, what), t
+        else:
+            entry, out = entry_new_output(t, what)
+        check_reduce_supported(entry.dtype, reduce_op)
+        if entry.dtype == "bool" and (pre != 1.0 or post != 1.0):
+            raise ValueError(f"{what} is bool: scale factors must be 1, got "
+                             f"prescale_factor={pre}, postscale_factor={post}")
+        return entry, out
+
+    return _reduction_request(Kind.ALLREDUCE, tensors, name, op, average,
+                              (prescale_factor, postscale_factor), process_set, make_entry)
 
 
 def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None,
@@ -167,30 +188,20 @@ def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None,
 def _reducescatter_request(tensors: Sequence[Any], name: str | None, op: Any,
                            prescale_factor: Any, postscale_factor: Any,
                            process_set: ProcessSet) -> tuple[Request, list[list[Any]]]:
-    set_id = set_id_of(process_set)
-    full_name = request_name(name, set_id, Kind.REDUCESCATTER)  # first: see request_name
-    with refused_everywhere(full_name, Kind.REDUCESCATTER, set_id):
-        reduce_op = resolve_op(op, None)
-        pre = scale_factor(prescale_factor, "prescale_factor")
-        post = scale_factor(postscale_factor, "postscale_factor")
-        check_adasum(reduce_op, set_id)
-        entries, keeps = [], []
-        for i, t in enumerate(tensors):
-            what = "tensor" if len(tensors) == 1 else f"tensors[{i}]"
-            dtype = arrays.check_tensor(t, what)
-            if t.ndim == 0:
-                raise ValueError(f"reducescatter needs {what} with at least one dimension, "
-                                 "got a scalar")
-            check_reduce_supported(dtype, reduce_op)
-            keep: list[Any] = []
-            entries.append(Entry(input=arrays.storage_view(t), shape=tuple(t.shape),
-                                 dtype=dtype, allocate=arrays.allocator_like(t, keep)))
-            keeps.append(keep)
-        device = device_kind(tensors)
-    request = Request(name=full_name, kind=Kind.REDUCESCATTER, entries=entries, op=reduce_op,
-                      prescale=pre, postscale=post, device=device,
-                      ready=ready_events(tensors), process_set_id=set_id)
-    return request, keeps
+    def make_entry(t: Any, what: str, reduce_op: ReduceOp, pre: float,
+                   post: float) -> tuple[Entry, list[Any]]:
+        dtype = arrays.check_tensor(t, what)
+        if t.ndim == 0:
+            raise ValueError(f"reducescatter needs {what} with at least one dimension, "
+                             "got a scalar")
+        check_reduce_supported(dtype, reduce_op)
+        keep: list[Any] = []  # the allocator puts this rank's block here
+        entry = Entry(input=arrays.storage_view(t), shape=tuple(t.shape), dtype=dtype,
+                      allocate=arrays.allocator_like(t, keep))
+        return entry, keep
+
+    return _reduction_request(Kind.REDUCESCATTER, tensors, name, op, None,
+                              (prescale_factor, postscale_factor), process_set, make_entry)
 
 
 def reducescatter_async(tensor: Any, name: str | None = None, op: Any = Average,
