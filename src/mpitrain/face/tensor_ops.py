@@ -34,6 +34,16 @@ def _autograd() -> Any:
     return autograd_ops
 
 
+def _reduced_with_grad(
+    tensors: list[Any], name: str | None, compression: type[Compressor], rule: Any
+) -> list[Any]:
+    """``rule``'s reduction (an allreduce or a reducescatter) of ``tensors`` through autograd,
+    compressed on the wire (the casts are in the autograd graph too)."""
+    pairs = [compression.compress(t) for t in tensors]
+    outs = _autograd().GroupedReduction.apply(name, rule, *[p[0] for p in pairs])
+    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+
+
 def allreduce(
     tensor: Any,
     average: bool | None = None,
@@ -47,18 +57,11 @@ def allreduce(
     """Reduce ``tensor`` across the process set; differentiable for tensors requiring grad.
 
     Every rank of the process set must call this, in the same order.  See
-    :func:`mpitrain.collectives.allreduce_async` for the arguments.
+    :func:`mpitrain.collectives.allreduce_async` for the arguments.  A group of one: the same
+    request, the same autograd rule.
     """
-    if not _differentiable(tensor):
-        return collectives.allreduce(
-            tensor, average, name, compression, op, prescale_factor, postscale_factor, process_set
-        )
-    reduce_op = collectives.resolve_op(op, average)
-    compressed, ctx = compression.compress(tensor)
-    out = _autograd().Allreduce.apply(
-        compressed, name, reduce_op, prescale_factor, postscale_factor, process_set
-    )
-    return compression.decompress(out, ctx)
+    return grouped_allreduce([tensor], average, name, compression, op, prescale_factor,
+                             postscale_factor, process_set)[0]
 
 
 def grouped_allreduce(
@@ -77,12 +80,10 @@ def grouped_allreduce(
         return collectives.grouped_allreduce(
             tensors, average, name, compression, op, prescale_factor, postscale_factor, process_set
         )
-    reduce_op = collectives.resolve_op(op, average)
-    pairs = [compression.compress(t) for t in tensors]
-    outs = _autograd().GroupedAllreduce.apply(
-        name, reduce_op, prescale_factor, postscale_factor, process_set, *[p[0] for p in pairs]
+    rule = _autograd().AllreduceRule(
+        collectives.resolve_op(op, average), prescale_factor, postscale_factor, process_set
     )
-    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+    return _reduced_with_grad(tensors, name, compression, rule)
 
 
 def allgather(
@@ -146,22 +147,11 @@ def reducescatter(
 ) -> Any:
     """Reduce across ranks and keep this rank's block of rows; differentiable.
 
-    Parameters in Horovod's order; see :func:`mpitrain.collectives.reducescatter`.
+    Parameters in Horovod's order; see :func:`mpitrain.collectives.reducescatter`.  A group of
+    one: the same request, the same autograd rule.
     """
-    if not _differentiable(tensor):
-        return collectives.reducescatter(
-            tensor, name, compression, op, process_set, prescale_factor, postscale_factor
-        )
-    compressed, ctx = compression.compress(tensor)
-    out = _autograd().Reducescatter.apply(
-        compressed,
-        name,
-        collectives.resolve_op(op, None),
-        prescale_factor,
-        postscale_factor,
-        process_set,
-    )
-    return compression.decompress(out, ctx)
+    return grouped_reducescatter([tensor], name, compression, op, process_set, prescale_factor,
+                                 postscale_factor)[0]
 
 
 def grouped_reducescatter(
@@ -179,16 +169,10 @@ def grouped_reducescatter(
         return collectives.grouped_reducescatter(
             tensors, name, compression, op, process_set, prescale_factor, postscale_factor
         )
-    pairs = [compression.compress(t) for t in tensors]
-    outs = _autograd().GroupedReducescatter.apply(
-        name,
-        collectives.resolve_op(op, None),
-        prescale_factor,
-        postscale_factor,
-        process_set,
-        *[p[0] for p in pairs],
+    rule = _autograd().ReducescatterRule(
+        collectives.resolve_op(op, None), prescale_factor, postscale_factor, process_set
     )
-    return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
+    return _reduced_with_grad(tensors, name, compression, rule)
 
 
 __all__ = [

@@ -1,4 +1,5 @@
-"""Horovod's autograd rules for the collectives: one ``autograd.Function`` per op.
+"""Horovod's autograd rules for the collectives: one ``autograd.Function`` per op, allreduce and
+reducescatter sharing one (:class:`GroupedReduction`, its adjoint in its :class:`ReductionRule`).
 
 Each backward is the adjoint collective (allreduce <- allreduce with the same op and scaling;
 allgather <- averaged allreduce, then this rank's rows; broadcast <- averaged allreduce, zero
@@ -14,6 +15,7 @@ require grad.  ``sparse_allreduce_async`` (sparse COO tensors) lives here too.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,65 +34,69 @@ def _linear_op(op: ReduceOp) -> None:
         )
 
 
-class Allreduce(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        tensor: torch.Tensor,
-        name: str | None,
-        op: ReduceOp,
-        pre: float,
-        post: float,
-        process_set: ProcessSet,
-    ) -> torch.Tensor:
-        ctx.args = (op, pre, post, process_set)
-        return collectives.synchronize(
-            collectives.allreduce_async(tensor, None, name, op, pre, post, process_set)
+@dataclass(frozen=True)
+class ReductionRule:
+    """A differentiable reduction: how it starts, and its adjoint, which reduces with the same
+    op, scale factors and ranks.  Handed to :class:`GroupedReduction` as one argument."""
+
+    op: ReduceOp
+    pre: float
+    post: float
+    process_set: ProcessSet
+
+    def start(self, tensors: list[torch.Tensor], name: str | None) -> collectives.Handle:
+        raise NotImplementedError
+
+    def adjoint(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+
+class AllreduceRule(ReductionRule):
+    def start(self, tensors: list[torch.Tensor], name: str | None) -> collectives.Handle:
+        return collectives.grouped_allreduce_async(
+            tensors, None, name, self.op, self.pre, self.post, self.process_set
         )
 
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        op, pre, post, process_set = ctx.args
-        _linear_op(op)
-        reduced = collectives.allreduce(
-            grad.contiguous(),
-            op=op,
-            prescale_factor=pre,
-            postscale_factor=post,
-            process_set=process_set,
+    def adjoint(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The same allreduce (Horovod's rule)."""
+        return collectives.grouped_allreduce(
+            grads,
+            op=self.op,
+            prescale_factor=self.pre,
+            postscale_factor=self.post,
+            process_set=self.process_set,
         )
-        return reduced, None, None, None, None, None
 
 
-class GroupedAllreduce(torch.autograd.Function):
+class ReducescatterRule(ReductionRule):
+    def start(self, tensors: list[torch.Tensor], name: str | None) -> collectives.Handle:
+        return collectives.grouped_reducescatter_async(
+            tensors, name, self.op, self.process_set, self.pre, self.post
+        )
+
+    def adjoint(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Allgather, times the set size for Sum (the scale factors are not applied again)."""
+        gathered = collectives.grouped_allgather(grads, process_set=self.process_set)
+        if self.op == ReduceOp.SUM:
+            gathered = [g * size_of(self.process_set) for g in gathered]
+        return gathered
+
+
+class GroupedReduction(torch.autograd.Function):
+    """An allreduce or a reducescatter of a group of tensors (a group of one for
+    ``allreduce`` and ``reducescatter``), as its :class:`ReductionRule` says."""
+
     @staticmethod
     def forward(
-        ctx: Any,
-        name: str | None,
-        op: ReduceOp,
-        pre: float,
-        post: float,
-        process_set: ProcessSet,
-        *tensors: torch.Tensor,
+        ctx: Any, name: str | None, rule: ReductionRule, *tensors: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
-        ctx.args = (op, pre, post, process_set)
-        handle = collectives.grouped_allreduce_async(
-            list(tensors), None, name, op, pre, post, process_set
-        )
-        return tuple(collectives.synchronize(handle))
+        ctx.rule = rule
+        return tuple(collectives.synchronize(rule.start(list(tensors), name)))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
-        op, pre, post, process_set = ctx.args
-        _linear_op(op)
-        reduced = collectives.grouped_allreduce(
-            [g.contiguous() for g in grads],
-            op=op,
-            prescale_factor=pre,
-            postscale_factor=post,
-            process_set=process_set,
-        )
-        return (None, None, None, None, None, *reduced)
+        _linear_op(ctx.rule.op)
+        return (None, None, *ctx.rule.adjoint([g.contiguous() for g in grads]))
 
 
 def _my_rows_slice(grad: torch.Tensor, rows: int, process_set: ProcessSet) -> torch.Tensor:
@@ -182,61 +188,6 @@ class Alltoall(torch.autograd.Function):
             grad.contiguous(), splits=ctx.received, process_set=ctx.process_set
         )
         return back, None, None, None
-
-
-class Reducescatter(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        tensor: torch.Tensor,
-        name: str | None,
-        op: ReduceOp,
-        pre: float,
-        post: float,
-        process_set: ProcessSet,
-    ) -> torch.Tensor:
-        ctx.op = op
-        ctx.process_set = process_set
-        return collectives.synchronize(
-            collectives.reducescatter_async(tensor, name, op, process_set, pre, post)
-        )
-
-    @staticmethod
-    def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
-        _linear_op(ctx.op)
-        gathered = collectives.allgather(grad.contiguous(), process_set=ctx.process_set)
-        if ctx.op == ReduceOp.SUM:
-            gathered = gathered * size_of(ctx.process_set)
-        return gathered, None, None, None, None, None
-
-
-class GroupedReducescatter(torch.autograd.Function):
-    @staticmethod
-    def forward(
-        ctx: Any,
-        name: str | None,
-        op: ReduceOp,
-        pre: float,
-        post: float,
-        process_set: ProcessSet,
-        *tensors: torch.Tensor,
-    ) -> tuple[torch.Tensor, ...]:
-        ctx.op = op
-        ctx.process_set = process_set
-        handle = collectives.grouped_reducescatter_async(
-            list(tensors), name, op, process_set, pre, post
-        )
-        return tuple(collectives.synchronize(handle))
-
-    @staticmethod
-    def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
-        _linear_op(ctx.op)
-        gathered = collectives.grouped_allgather(
-            [g.contiguous() for g in grads], process_set=ctx.process_set
-        )
-        if ctx.op == ReduceOp.SUM:
-            gathered = [g * size_of(ctx.process_set) for g in gathered]
-        return (None, None, None, None, None, *gathered)
 
 
 def sparse_allreduce_async(
