@@ -65,9 +65,10 @@ def jit(fn: Callable[..., Any]) -> Any:
 
 # --------------------------------------------------------------- floating accumulators
 @jit
-def _f_init(acc, src, pre):
-    for i in range(acc.size):
-        acc[i] = src[i] * pre
+def _f_scale(dst, src, factor):
+    """dst = src * factor: the first source into the accumulator, or the accumulator out."""
+    for i in range(dst.size):
+        dst[i] = src[i] * factor
 
 
 @jit
@@ -91,21 +92,17 @@ def _f_combine(acc, src, op, pre):
                 acc[i] = x
 
 
-@jit
-def _f_store(out, acc, post):
-    for i in range(acc.size):
-        out[i] = acc[i] * post
-
-
 # ------------------------------------------------------------------ integer accumulators
 @jit
-def _i_init(acc, src, pre, scaled):
+def _i_scale(dst, src, factor, scaled):
+    """dst = src, times ``factor`` in float64 truncated toward zero where ``scaled``: the first
+    source into the accumulator, or the accumulator out (wrapping to the storage width)."""
     if scaled:
-        for i in range(acc.size):
-            acc[i] = np.int64(np.trunc(np.float64(src[i]) * pre))
+        for i in range(dst.size):
+            dst[i] = np.int64(np.trunc(np.float64(src[i]) * factor))
     else:
-        for i in range(acc.size):
-            acc[i] = src[i]
+        for i in range(dst.size):
+            dst[i] = src[i]
 
 
 @jit
@@ -135,16 +132,6 @@ def _i_combine(acc, src, op, pre, scaled):
     else:
         for i in range(n):
             acc[i] = max(acc[i], src[i])
-
-
-@jit
-def _i_store(out, acc, post, scaled):
-    if scaled:
-        for i in range(acc.size):
-            out[i] = np.int64(np.trunc(np.float64(acc[i]) * post))
-    else:
-        for i in range(acc.size):
-            out[i] = acc[i]
 
 
 # ---------------------------------------------------------------------------- bfloat16
@@ -295,10 +282,10 @@ def reduce_chunks(out: np.ndarray, sources: Sequence[np.ndarray], how: Reduction
     if dtype == "bool":
         code = int(_BOOL_OP[op])
         srcs = [s.view(np.uint8) for s in sources]
-        _i_init(a, srcs[0], 1.0, False)
+        _i_scale(a, srcs[0], 1.0, False)
         for s in srcs[1:]:
             _i_combine(a, s, code, 1.0, False)
-        _i_store(out.view(np.uint8), a, 1.0, False)
+        _i_scale(out.view(np.uint8), a, 1.0, False)
         return
     code = int(op)
     if a.dtype.kind == "f":
@@ -307,25 +294,25 @@ def reduce_chunks(out: np.ndarray, sources: Sequence[np.ndarray], how: Reduction
         w = tmp[:n] if tmp is not None else None
         if dtype in ("float16", "bfloat16") and w is None:
             raise ValueError(f"reduce_chunks needs a float32 tmp for {dtype}")
-        _f_init(a, _widened(sources[0], dtype, w), pre)  # type: ignore[arg-type]
+        _f_scale(a, _widened(sources[0], dtype, w), pre)  # type: ignore[arg-type]
         for s in sources[1:]:
             _f_combine(a, _widened(s, dtype, w), code, pre)  # type: ignore[arg-type]
         if dtype == "bfloat16":
             if postscale != 1.0:
-                _f_store(a, a, post)
+                _f_scale(a, a, post)
             bf16_narrow(a, out)
         elif dtype == "float16":
             if postscale != 1.0:
-                _f_store(a, a, post)
+                _f_scale(a, a, post)
             f16_narrow(a, out)
         else:
-            _f_store(out, a, post)
+            _f_scale(out, a, post)
         return
     pre_scaled, post_scaled = prescale != 1.0, postscale != 1.0
-    _i_init(a, sources[0], float(prescale), pre_scaled)
+    _i_scale(a, sources[0], float(prescale), pre_scaled)
     for s in sources[1:]:
         _i_combine(a, s, code, float(prescale), pre_scaled)
-    _i_store(out, a, float(postscale), post_scaled)
+    _i_scale(out, a, float(postscale), post_scaled)
 
 
 def scale_into(out: np.ndarray, src: np.ndarray, dtype: str, factor: float,
@@ -338,7 +325,7 @@ def widen_into(dst: np.ndarray, src: np.ndarray, dtype: str, factor: float) -> N
     """``dst`` (float32) = ``factor`` * widened ``src`` (float16 or bfloat16 storage)."""
     _widened(src, dtype, dst)
     if factor != 1.0:
-        _f_store(dst, dst, np.float32(factor))
+        _f_scale(dst, dst, np.float32(factor))
 
 
 def narrow_into(dst: np.ndarray, src: np.ndarray, dtype: str) -> None:
