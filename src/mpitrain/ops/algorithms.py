@@ -291,6 +291,8 @@ def _new_calibration(group: Group, contenders: tuple[str, ...]) -> Calibration:
         return calibration
     sig = calibration_cache.signature(group)
     link_us = calibration_cache.link_probe(group)
+    if verbose:
+        _say_link(calibration_cache.stored_link(group, sig), link_us)
     for key, settled in calibration_cache.load(group, sig, link_us).items():
         # Without the time it was decided with, a choice cannot be checked: decide again.
         if settled.choice in contenders and settled.seconds is not None:
@@ -302,6 +304,16 @@ def _new_calibration(group: Group, contenders: tuple[str, ...]) -> Calibration:
     calibration.on_settle = lambda key, settled: calibration_cache.store(
         group, sig, link_us, key, settled)
     return calibration
+
+
+def _say_link(stored_us: float | None, probed_us: float) -> None:
+    """Tell the log whether the cache's choices for this layout were made on this link."""
+    if stored_us is None:
+        return
+    same = calibration_cache.same_link(stored_us, probed_us)
+    sys.stderr.write(f"mpitrain: auto across nodes: link probe {probed_us / 1e3:.1f} ms, the "
+                     f"cached choices' {stored_us / 1e3:.1f} ms: "
+                     + ("the same link\n" if same else "another link, calibrating afresh\n"))
 
 
 def _run_row(group: Group, algo: AllreduceAlgorithm, send: np.ndarray, recv: np.ndarray,

@@ -5,16 +5,20 @@ decisions hold as long as what decided them holds: the node layout, the MPI libr
 own algorithms and the link.  Layout, library and version are known (the signature); the link
 is measured -- a short probe (MPI's own Allreduce of :data:`PROBE_BYTES`, a few times, the
 slowest rank's fastest) stored beside the choices.  A job finds the choices of an earlier run
-with the same signature and a probe within :data:`LINK_TOLERANCE` of the stored one, and runs
-no trials for those sizes; a shaped-down link, another cluster, a new mpitrain or MPI library
+with the same signature and a probe that says the same link (:func:`same_link`), and runs no
+trials for those sizes; a faster link, another cluster, a new mpitrain or MPI library
 calibrates afresh (and replaces that entry).  Each choice is stored with the time it took when
 decided, and :class:`.calibration.Calibration` checks it on the job's first calls of its size:
 a probe of 2 MiB can miss a change that decides at 32 MiB (on 2 cores it told unshaped veth
 from a 1 Gbit/s link by less than 2x), so a choice that now takes another time is decided
-again.  The contenders that lost plainly are stored too: a size class first met by a later job
-leaves them out of its trials as it would in the job that decided its neighbours.  A tolerance
-rather than classes of factors of
-two: a probe near a class boundary flipped classes between runs of one cluster under load.
+again.  That check, not the probe, is what catches a slower link: load only ever adds to a
+probe's time, and on 2 x 2 namespace hosts at 1 Gbit/s with other work on the 2 cores the
+fastest of five 2 MiB calls, 17.4 ms in most jobs, came out at 88 and 187 ms in two jobs of one
+run (2026-11-29); each time the entry was replaced and every choice it held was tried again,
+mid-training.  So a probe up to :data:`SLOWER_TOLERANCE` times the stored one is the same
+link, one more than :data:`LINK_TOLERANCE` times faster is not, and the stored probe is the
+fastest seen.  The contenders that lost plainly are stored too: a size class first met by a
+later job leaves them out of its trials as it would in the job that decided its neighbours.
 
 Rank 0 alone reads and writes the file (``MPITRAIN_CALIBRATION_CACHE``; a JSON object, one
 entry per signature); what it read travels to the other ranks by broadcast, so every rank
@@ -26,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
 import os
 import tempfile
 import time
@@ -46,8 +49,10 @@ PROBE_BYTES = 2 << 20
 # the next job on the same cluster (2 x 2 namespace hosts, 1 Gbit/s, 2026-11-29): the entry
 # was replaced, and every choice it held was tried again, mid-training.
 PROBE_CALLS = 5
-# Probes within this factor of each other are the same link.
+# A probe this many times faster than the stored one is another link; one up to
+# SLOWER_TOLERANCE times slower is the same link under load (see the module docstring).
 LINK_TOLERANCE = 2.0
+SLOWER_TOLERANCE = 16.0
 
 def cache_path(group: Group) -> Path | None:
     """The file, or None when the cache is off (an empty value or ``0``).  Only rank 0's
@@ -78,9 +83,10 @@ def link_probe(group: Group, clock: Callable[[], float] = time.perf_counter) -> 
 
 
 def same_link(stored_us: float, probed_us: float) -> bool:
-    """Whether two probes measured the same link (within :data:`LINK_TOLERANCE`)."""
+    """Whether ``probed_us`` measured the link that ``stored_us`` did: not more than
+    :data:`LINK_TOLERANCE` times faster, nor more than :data:`SLOWER_TOLERANCE` times slower."""
     return (stored_us > 0 and probed_us > 0
-            and abs(math.log(probed_us / stored_us)) <= math.log(LINK_TOLERANCE))
+            and stored_us / LINK_TOLERANCE <= probed_us <= stored_us * SLOWER_TOLERANCE)
 
 
 def signature(group: Group) -> str:
@@ -118,6 +124,15 @@ def load(group: Group, sig: str, link_us: float) -> dict[Key, Settled]:
             for text, (choice, seconds, lost) in found.items()}
 
 
+def stored_link(group: Group, sig: str) -> float | None:
+    """The probe time (microseconds) the entry for ``sig`` was measured with, if the file has
+    one; read on rank 0 only (for its log), not collective."""
+    path = cache_path(group)
+    entry = _read(path).get(sig) if path is not None else None
+    link = entry.get("link_us") if isinstance(entry, dict) else None
+    return float(link) if isinstance(link, (int, float)) else None
+
+
 def store(group: Group, sig: str, link_us: float, key: Key, settled: Settled) -> None:
     """Record one decision (rank 0 writes; other ranks do nothing).  An entry measured on
     another link is replaced, not merged."""
@@ -127,8 +142,9 @@ def store(group: Group, sig: str, link_us: float, key: Key, settled: Settled) ->
     data = _read(path)
     entry = data.get(sig)
     kept = _entry_choices(entry, link_us)
-    # The first probe stays the reference (kept is non-empty only for a well-formed entry).
-    link = entry["link_us"] if kept and isinstance(entry, dict) else link_us
+    # The fastest probe of this link is its reference (kept is non-empty only for a
+    # well-formed entry).
+    link = min(entry["link_us"], link_us) if kept and isinstance(entry, dict) else link_us
     times = _entry_map(entry, "seconds") if kept else {}
     losers = _entry_map(entry, "losers") if kept else {}
     text = _text(key)
