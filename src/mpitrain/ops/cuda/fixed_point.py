@@ -25,7 +25,7 @@ import numpy as np
 
 from ...core.dtypes import STORAGE
 from .. import fixed_point as spec
-from ..kernels.fixed_point import INF_SHIFT, SPECIAL32, SPECIAL64
+from ..kernels.fixed_point import INF_SHIFT, SPECIAL32, SPECIAL64, special_count
 from . import kernels
 from .helpers import device_helper
 from .kernels import cuda  # noqa: F401 - the name the simulator swaps inside the kernels below
@@ -73,21 +73,16 @@ def _wide(dtype: str) -> bool:
     return dtype == "float64"
 
 
+def _exponent_layout(wide: bool) -> tuple[int, int]:
+    """(the exponent field of an infinity or NaN, the bias) of float64 (``wide``) or float32."""
+    return (SPECIAL64, 1022) if wide else (SPECIAL32, 126)
+
+
 @functools.cache
 def _count_special() -> Any:
+    """The CPU kernels' :func:`~mpitrain.ops.kernels.fixed_point.special_count`, on the device."""
     types = kernels.device_types()
-
-    @device_helper(lambda v: types.int64)
-    def count(v: Any) -> Any:
-        if v != v:
-            return np.int64(1 + (1 << INF_SHIFT))
-        if v == math.inf:
-            return np.int64(1)
-        if v == -math.inf:
-            return np.int64(1 << INF_SHIFT)
-        return np.int64(0)
-
-    return count
+    return device_helper(lambda v: types.int64)(special_count)
 
 
 @functools.cache
@@ -105,8 +100,7 @@ def _pow2() -> Any:
 def _field(wide: bool) -> Any:
     """The biased exponent field of a value, through frexp (no bit reinterpretation)."""
     types = kernels.device_types()
-    special = SPECIAL64 if wide else SPECIAL32
-    bias = 1022 if wide else 126
+    special, bias = _exponent_layout(wide)
 
     @device_helper(lambda v: types.int64)
     def field(v: Any) -> Any:
@@ -140,11 +134,9 @@ def exponents_kernel(dtype: str) -> Any:
 def encode_kernel(dtype: str) -> Any:
     """words = the prescaled src on the agreed exponents.  ``kernel(src, exps, words, n, pre)``;
     float64 writes two words per element (hi, lo) next to each other."""
-    lay = spec.LAYOUTS[dtype]
-    load, count, frac = kernels.loader(dtype), _count_special(), lay.frac_bits
-    pow2 = _pow2()
-    wide = _wide(dtype)
-    special, bias = (SPECIAL64, 1022) if wide else (SPECIAL32, 126)
+    frac, wide = spec.LAYOUTS[dtype].frac_bits, _wide(dtype)
+    load, count, pow2 = kernels.loader(dtype), _count_special(), _pow2()
+    special, bias = _exponent_layout(wide)
 
     def kernel(src: Any, exps: Any, words: Any, n: Any, pre: Any) -> None:
         i = cuda.grid(1)
@@ -178,11 +170,9 @@ def encode_kernel(dtype: str) -> Any:
 def decode_kernel(dtype: str) -> Any:
     """out = the summed words back in ``dtype``, postscaled.  ``kernel(words, exps, out, n,
     post)``."""
-    lay = spec.LAYOUTS[dtype]
-    store, frac = kernels.storer(dtype), lay.frac_bits
-    pow2 = _pow2()
-    wide = _wide(dtype)
-    special, bias = (SPECIAL64, 1022) if wide else (SPECIAL32, 126)
+    frac, wide = spec.LAYOUTS[dtype].frac_bits, _wide(dtype)
+    store, pow2 = kernels.storer(dtype), _pow2()
+    special, bias = _exponent_layout(wide)
 
     def kernel(words: Any, exps: Any, out: Any, n: Any, post: Any) -> None:
         i = cuda.grid(1)

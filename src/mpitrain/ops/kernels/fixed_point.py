@@ -51,16 +51,22 @@ def exponents64(y, pre, out):
         out[i] = np.int16((v.view(np.uint64) >> np.uint64(52)) & np.uint64(0x7FF))
 
 
-@jit
-def _special_count(v):
-    """The integer an infinity or NaN contributes; 0 for a finite value."""
+def special_count(v):
+    """The integer an infinity or NaN contributes; 0 for a finite value.
+
+    Plain Python, compiled as it is by numba for the CPU (here) and for the device
+    (:mod:`mpitrain.ops.cuda.fixed_point`): one definition, so both count alike.
+    """
     if v != v:
         return np.int64(1 + (1 << INF_SHIFT))
-    if v == np.inf:
+    if v == math.inf:
         return np.int64(1)
-    if v == -np.inf:
+    if v == -math.inf:
         return np.int64(1 << INF_SHIFT)
     return np.int64(0)
+
+
+_special_count = jit(special_count)
 
 
 @jit
