@@ -184,15 +184,19 @@ def _helpers() -> dict[Any, Any]:
     return _define_helpers()
 
 
-def _loader(kind: str) -> Any:
-    h = _helpers()
-    if kind == "bfloat16":
-        return h["load_bf16"]
-    if kind in ("float16", "float32", "acc32"):
-        return h["load_f32"]
-    if kind in ("float64", "acc64"):
-        return h["load_f64"]
-    return _int_helpers(STORAGE[kind].itemsize * 8, STORAGE[kind].kind == "i")[0]
+# The float helpers of each element kind, by the float type it is loaded and stored as
+# (accumulators, ``acc32``/``acc64``, included); an integer kind has its own (_int_helpers).
+_FLOAT_HELPERS = {"bfloat16": "bf16", "float16": "f32", "float32": "f32", "acc32": "f32",
+                  "float64": "f64", "acc64": "f64"}
+
+
+def _helper_for(kind: str, verb: str) -> Any:
+    """The device helper that loads (``verb`` "load") or stores ("store") elements of ``kind``."""
+    width = _FLOAT_HELPERS.get(kind)
+    if width is not None:
+        return _helpers()[f"{verb}_{width}"]
+    load, store = _int_helpers(STORAGE[kind].itemsize * 8, STORAGE[kind].kind == "i")
+    return load if verb == "load" else store
 
 
 @functools.cache
@@ -229,17 +233,6 @@ def _int_helpers(bits: int, signed: bool) -> tuple[Any, Any]:
     return load_int, store_int
 
 
-def _storer(kind: str) -> Any:
-    h = _helpers()
-    if kind == "bfloat16":
-        return h["store_bf16"]
-    if kind in ("float16", "float32", "acc32"):
-        return h["store_f32"]
-    if kind in ("float64", "acc64"):
-        return h["store_f64"]
-    return _int_helpers(STORAGE[kind].itemsize * 8, STORAGE[kind].kind == "i")[1]
-
-
 # ----------------------------------------------------------------------------- kernels
 @functools.cache
 def combine_kernel(kind_a: str, kind_b: str, kind_out: str, op: ReduceOp) -> Any:
@@ -249,7 +242,7 @@ def combine_kernel(kind_a: str, kind_b: str, kind_out: str, op: ReduceOp) -> Any
     Called as ``kernel[blocks, threads, stream](a, b, out, n, scale_a, scale_b, scale_out)``.
     """
     numba_cuda = _require_numba()
-    load_a, load_b, store, combine = _loader(kind_a), _loader(kind_b), _storer(kind_out), \
+    load_a, load_b, store, combine = loader(kind_a), loader(kind_b), storer(kind_out), \
         _helpers()[op]
 
     def kernel(a: Any, b: Any, out: Any, n: Any, scale_a: Any, scale_b: Any,
@@ -270,7 +263,7 @@ def scale_kernel(kind_in: str, kind_out: str) -> Any:
     The fp16/bf16 compression casts are ``scale_kernel("float32", "float16")`` and back.
     """
     numba_cuda = _require_numba()
-    load, store = _loader(kind_in), _storer(kind_out)
+    load, store = loader(kind_in), storer(kind_out)
 
     def kernel(a: Any, out: Any, n: Any, scale_in: Any, scale_out: Any) -> None:
         i = cuda.grid(1)
@@ -339,12 +332,12 @@ def cast(src: Any, out: Any, dtype_in: str, dtype_out: str, scale: float = 1.0,
 def loader(kind: str) -> Any:
     """The device helper ``load(a, i, scale)`` of :func:`combine_kernel` for arrays of
     ``kind``: element i in its accumulation type, times ``scale`` (other kernels reuse it)."""
-    return _loader(kind)
+    return _helper_for(kind, "load")
 
 
 def storer(kind: str) -> Any:
     """The device helper ``store(out, i, value, scale)`` for arrays of ``kind``."""
-    return _storer(kind)
+    return _helper_for(kind, "store")
 
 
 def device_types() -> Any:
