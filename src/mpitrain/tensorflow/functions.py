@@ -83,3 +83,22 @@ def broadcast_global_variables(root_rank: int) -> Any:
                            "are no global variables eagerly); call broadcast_variables("
                            "model.variables, root_rank) instead")
     return broadcast_variables(tf.compat.v1.global_variables(), root_rank)
+
+
+class BroadcastFromRoot:
+    """Horovod's constructor of its broadcast hook and callback (both copy ``root_rank``'s
+    variables to every rank once, when training starts): a base of both, before the
+    framework's class, whose ``__init__`` it calls.
+
+    Args:
+        root_rank: the world rank whose variables win.
+        device: accepted for Horovod compatibility.
+        process_set: the ranks taking part (default: all).
+    """
+
+    def __init__(self, root_rank: int, device: str = "",
+                 process_set: ProcessSet = global_process_set) -> None:
+        super().__init__()
+        del device
+        self.root_rank = root_rank
+        self.process_set = process_set

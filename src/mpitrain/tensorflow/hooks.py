@@ -6,32 +6,21 @@ from typing import Any
 
 import tensorflow as tf
 
-from ..core.process_sets import ProcessSet, global_process_set
-from .functions import broadcast_variables
+from .functions import BroadcastFromRoot, broadcast_variables
 
 
-class BroadcastGlobalVariablesHook(tf.compat.v1.train.SessionRunHook):
+class BroadcastGlobalVariablesHook(BroadcastFromRoot, tf.compat.v1.train.SessionRunHook):
     """Once the session exists, copy ``root_rank``'s global variables to every rank.
 
     ``MonitoredTrainingSession`` initialises the variables, or restores them from its
     ``checkpoint_dir``, before this hook runs; so a job whose rank 0 alone has
     ``checkpoint_dir`` resumes everywhere from rank 0's checkpoint.
 
-    Every rank must pass this hook, with the same graph.
-
-    Args:
-        root_rank: the world rank whose variables win.
-        device: accepted for Horovod compatibility.
-        process_set: the ranks taking part (default: all).
+    Every rank must pass this hook, with the same graph.  Arguments: see
+    :class:`.functions.BroadcastFromRoot`.
     """
 
-    def __init__(self, root_rank: int, device: str = "",
-                 process_set: ProcessSet = global_process_set) -> None:
-        super().__init__()
-        del device
-        self.root_rank = root_rank
-        self.process_set = process_set
-        self.bcast_op: Any = None
+    bcast_op: Any = None  # made by begin(), for the graph being finalised
 
     def begin(self) -> None:
         # The op must exist before the session finalises the graph; a new graph needs a new op.

@@ -20,7 +20,7 @@ import numpy as np
 from ... import collectives
 from ...core import runtime
 from ...core.process_sets import ProcessSet, global_process_set
-from ..functions import broadcast_variables
+from ..functions import BroadcastFromRoot, broadcast_variables
 
 
 def _without_xla(model: Any) -> None:
@@ -41,28 +41,18 @@ class _MpitrainCallback(keras.callbacks.Callback):
         _without_xla(model)
 
 
-class BroadcastGlobalVariablesCallback(_MpitrainCallback):
+class BroadcastGlobalVariablesCallback(BroadcastFromRoot, _MpitrainCallback):
     """Copy ``root_rank``'s weights and optimizer state to every rank when training starts.
 
     If the model already has its weights, that happens before the first step, after building
     the optimizer if needed so that its slots travel too: training starts from one state
     everywhere.  A model that creates its weights on its first call (a ``Sequential`` without
     an ``Input``) has none to send then; its state is sent after the first batch instead, as
-    Horovod does, once the model and the optimizer exist.
-
-    Args:
-        root_rank: the world rank whose state wins.
-        device: accepted for Horovod compatibility.
-        process_set: the ranks taking part (default: all).
+    Horovod does, once the model and the optimizer exist.  Arguments: see
+    :class:`..functions.BroadcastFromRoot`.
     """
 
-    def __init__(self, root_rank: int, device: str = "",
-                 process_set: ProcessSet = global_process_set) -> None:
-        super().__init__()
-        del device
-        self.root_rank = root_rank
-        self.process_set = process_set
-        self.broadcast_done = False
+    broadcast_done = False  # set on the instance once the state went out
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
         # Every rank builds the same model, so every rank makes the same choice here.
