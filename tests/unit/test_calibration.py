@@ -211,6 +211,22 @@ def test_a_class_first_met_mid_job_leaves_out_what_lost_plainly_next_to_it():
                                               "ring": [0.25]}, nbytes=32 << 20)
 
 
+def test_a_neighbour_decided_during_a_class_s_trials_spares_the_calls_not_yet_made():
+    # Both classes met in the same steps (two buckets one step, one fused bucket the next):
+    # the 16 MiB class's trials started before the 8 MiB class had decided.
+    now = [0.0]
+    calibration = Calibration(("mpi", "hierarchical", "ring"), clock=lambda: now[0])
+    small, large = 16 << 20, 32 << 20
+    calibration.run_trial(SlowestRankComm(), large, calibration.next_trial(large, True),
+                          lambda: now.__setitem__(0, now[0] + 0.16), True)
+    decide(calibration, now, {"mpi": [0.55], "hierarchical": [0.09], "ring": [0.115]},
+           nbytes=small, narrow=True)
+    ran = decide(calibration, now, {"mpi": [2.1], "hierarchical": [0.16], "ring": [0.23]},
+                 nbytes=large, narrow=True)
+    assert "mpi" not in ran
+    assert calibration.choice(large, narrow=True) == "hierarchical"
+
+
 def test_what_an_adjacent_class_chose_runs_even_if_the_other_one_saw_it_lose():
     # Near a crossover: MPI's own lost plainly below and won above; the class between tries it.
     now = [0.0]

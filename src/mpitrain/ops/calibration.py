@@ -118,8 +118,6 @@ class Calibration:
     # Per decided class, the contenders whose median was more than PRUNE times the choice's
     # in every round they both ran: adjacent classes leave them out of their trials.
     losers: dict[Key, frozenset[str]] = field(default_factory=dict)
-    # Per class, its contenders (fixed when its first trial runs; see _entrants).
-    entrants: dict[Key, tuple[str, ...]] = field(default_factory=dict)
     # Choices given at the start with the time they took when decided (seconds): checked on
     # the first calls of their class (see CHECK_TOLERANCE), then dropped from here.
     expected: dict[Key, float] = field(default_factory=dict)
@@ -177,15 +175,16 @@ class Calibration:
         lose plainly, unless the other adjacent class chose them.  At the sizes calibrated,
         each algorithm's time grows with the bytes, so one that took more than PRUNE times the
         best at half or twice the size is not the best here (and where an adjacent class chose
-        it, the classes are near a crossover: it runs).  Never empty: a decided neighbour's
-        choice is not its loser."""
-        if key not in self.entrants:
-            narrow, bits = key
-            near = [(narrow, bits - 1), (narrow, bits + 1)]
-            lost = set().union(*(self.losers.get(k, frozenset()) for k in near))
-            lost -= {self.decided[k] for k in near if k in self.decided}
-            self.entrants[key] = tuple(c for c in self.contenders if c not in lost)
-        return self.entrants[key]
+        it, the classes are near a crossover: it runs).  Asked again at every call: a
+        neighbour decided while this class's trials run (both met in the same steps) still
+        spares the calls not yet made; a contender that has run here stays in.  Never empty:
+        a decided neighbour's choice is not its loser."""
+        narrow, bits = key
+        near = [(narrow, bits - 1), (narrow, bits + 1)]
+        lost = set().union(*(self.losers.get(k, frozenset()) for k in near))
+        lost -= {self.decided[k] for k in near if k in self.decided}
+        lost -= {n for n, _ in self.trials.get(key, [])}
+        return tuple(c for c in self.contenders if c not in lost)
 
     def _round(self, key: Key) -> tuple[tuple[str, ...], list[tuple[str, float]]]:
         """This round's contenders in running order, and its trials so far."""
