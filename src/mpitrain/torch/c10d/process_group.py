@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -182,70 +182,56 @@ class ProcessGroupMpitrain(_ProcessGroup):
         return self._work(handles, tensors, describe="broadcast")
 
     # -------------------------------------------------------------------- allgather
+    def _allgather_into(self, inputs: list[torch.Tensor],
+                        targets: Iterable[list[torch.Tensor]], outputs: list[Any], kind: str,
+                        describe: str) -> Work:
+        """One engine allgather of ``inputs``: every rank's copy of inputs[i], in rank order,
+        is split between the tensors of targets[i] (none on a rank that keeps nothing)."""
+        handle = collectives.grouped_allgather_async([_flat(t) for t in inputs],
+                                                     name=self._name(kind),
+                                                     process_set=self._process_set)
+
+        def copy(results: list[Any]) -> None:
+            for gathered, into in zip(results[0], targets):
+                _copy_split(gathered, into, describe)
+
+        return self._work([handle], outputs, copy, describe)
+
     def allgather(self, output_lists: list[list[torch.Tensor]],
                   input_list: list[torch.Tensor], opts: Any = None) -> Work:
         """output_lists[i][r] <- rank r's input_list[i]."""
-        handle = collectives.grouped_allgather_async([_flat(t) for t in input_list],
-                                           name=self._name("allgather"),
-                                           process_set=self._process_set)
-
-        def scatter(results: list[Any]) -> None:
-            for outputs, gathered in zip(output_lists, results[0]):
-                _copy_split(gathered, outputs, "allgather")
-
-        return self._work([handle], output_lists, scatter, "allgather")
+        return self._allgather_into(input_list, output_lists, output_lists, "allgather",
+                                    "allgather")
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]],
                             input_list: list[torch.Tensor], opts: Any = None) -> Work:
         """output_lists[r][i] <- rank r's input_list[i], as one engine request."""
-        handle = collectives.grouped_allgather_async([_flat(t) for t in input_list],
-                                           name=self._name("allgather"),
-                                           process_set=self._process_set)
-
-        def scatter(results: list[Any]) -> None:
-            for i, gathered in enumerate(results[0]):
-                _copy_split(gathered, [outs[i] for outs in output_lists], "allgather_coalesced")
-
-        return self._work([handle], output_lists, scatter, "allgather_coalesced")
+        # Read when the results are in: a short output list fails the Work, as other bad
+        # outputs do, after this rank submitted its part (its peers are not left waiting).
+        targets = ([outs[i] for outs in output_lists] for i in range(len(input_list)))
+        return self._allgather_into(input_list, targets, output_lists, "allgather",
+                                    "allgather_coalesced")
 
     def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor],
                                         inputs: list[torch.Tensor], opts: Any = None) -> Work:
         """outputs[i] <- every rank's inputs[i], concatenated in rank order."""
-        handle = collectives.grouped_allgather_async([_flat(t) for t in inputs],
-                                           name=self._name("allgather"),
-                                           process_set=self._process_set)
-
-        def copy(results: list[Any]) -> None:
-            for out, gathered in zip(outputs, results[0]):
-                _copy_split(gathered, [out], "allgather_into_tensor")
-
-        return self._work([handle], outputs, copy, "allgather_into_tensor")
+        return self._allgather_into(inputs, [[out] for out in outputs], outputs, "allgather",
+                                    "allgather_into_tensor")
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor,
                         opts: Any = None) -> Work:
         return self.allgather_into_tensor_coalesced([output], [input], opts)
 
     all_gather_single = _allgather_base
-
-    def all_gather_single_coalesced(self, outputs: list[torch.Tensor],
-                                    inputs: list[torch.Tensor], opts: Any = None) -> Work:
-        return self.allgather_into_tensor_coalesced(outputs, inputs, opts)
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
 
     def gather(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                opts: Any = None) -> Work:
         """The root's output_lists[0][r] <- rank r's input (others pass no outputs)."""
         root = opts.rootRank if opts is not None else 0
         self._world_rank(root, "root rank")
-        handle = collectives.grouped_allgather_async([_flat(t) for t in input_list],
-                                           name=self._name("gather"),
-                                           process_set=self._process_set)
-
-        def copy(results: list[Any]) -> None:
-            if self._rank == root:
-                for outputs, gathered in zip(output_lists, results[0]):
-                    _copy_split(gathered, outputs, "gather")
-
-        return self._work([handle], output_lists, copy, "gather")
+        targets = output_lists if self._rank == root else []
+        return self._allgather_into(input_list, targets, output_lists, "gather", "gather")
 
     # -------------------------------------------------------------------- reduce_scatter
     def _reduce_scatter(self, outputs: list[torch.Tensor], rows: list[torch.Tensor],
@@ -306,10 +292,7 @@ class ProcessGroupMpitrain(_ProcessGroup):
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
     reduce_scatter_single = _reduce_scatter_base
-
-    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
-                                        inputs: list[torch.Tensor], opts: Any = None) -> Work:
-        return self.reduce_scatter_tensor_coalesced(outputs, inputs, opts)
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
 
     # -------------------------------------------------------------------- alltoall / scatter
     def alltoall_base(self, output: torch.Tensor, input: torch.Tensor,
