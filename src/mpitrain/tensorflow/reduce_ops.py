@@ -21,11 +21,11 @@ from .. import collectives
 from ..compression import Compressor
 from ..core.dtypes import ReduceOp
 from ..core.process_sets import ProcessSet, global_process_set, set_id_of
-from . import _bridge, _engine_ops, gather_ops
-from ._support import check_linear, set_size, with_gradient
+from . import _bridge, gather_ops
 from ._support import not_converted as _not_converted
+from ._support import set_size
 from .compression import Compression, for_tensorflow
-from .dense_reduce import check_scaled, dense_allreduce
+from .dense_reduce import check_scaled, dense_allreduce, linear_reduction
 
 
 def _check_sparse(op: ReduceOp, pre: float, post: float) -> None:
@@ -144,18 +144,14 @@ def allreduce(tensor: Any, average: bool | None = None, device_dense: str = "",
 # -------------------------------------------------------------------------- reducescatter
 def _reducescatter(tensors: list[tf.Tensor], op: ReduceOp, pre: float, post: float,
                    name: str | None, process_set: ProcessSet) -> list[tf.Tensor]:
-    def run(xs: list[tf.Tensor]) -> list[tf.Tensor]:
-        return _engine_ops.reducescatter(xs, op, pre, post, name, process_set)
-
-    def gradient(xs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
-        check_linear(op, "reducescatter")
+    def adjoint(xs: list[tf.Tensor], dys: list[tf.Tensor]) -> list[tf.Tensor]:
         scale = pre * post * (set_size(process_set) if op == ReduceOp.SUM else 1.0)
         if scale != 1.0:
             dys = [g * tf.cast(scale, g.dtype) for g in dys]
         gathered = gather_ops.grouped_allgather(dys, process_set=process_set)
         return [tf.reshape(g, tf.shape(x)) for g, x in zip(gathered, xs)]
 
-    return with_gradient(run, gradient, tensors)
+    return linear_reduction("reducescatter", tensors, op, pre, post, name, process_set, adjoint)
 
 
 @_not_converted
