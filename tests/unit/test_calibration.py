@@ -169,13 +169,28 @@ def test_16_bit_buffers_are_calibrated_apart_from_32_bit_ones_of_the_same_bytes(
 def test_on_16_bit_buffers_mpi_runs_last_and_one_plainly_slow_call_cuts_it():
     # MPI's own widens them: the layout's choice and the ring go first, MPI's one call at
     # more than PRUNE times their best ends its first round; the second look still gives it
-    # one more call, at another time, before it is left.
-    costs = {"mpi": [0.66] * 3, "hierarchical": [0.096] * 3, "ring": [0.125] * 3}
+    # one more call, at another time, before it is left ...
+    costs = {"mpi": [0.18] * 3, "hierarchical": [0.096] * 3, "ring": [0.125] * 3}
     calibration = calibrate(costs, narrow=True)
     names = [name for name, _ in calibration.trials[Calibration.size_class(32 << 20, True)]]
     assert names == (["hierarchical"] * TRIALS + ["ring"] * TRIALS + ["mpi"]
                      + ["hierarchical"] * TRIALS + ["mpi"])
     assert calibration.choice(32 << 20, narrow=True) == "hierarchical"
+
+
+def test_on_16_bit_buffers_mpi_losing_by_more_than_narrow_sure_needs_no_second_look():
+    # ... unless it lost by more than NARROW_SURE: moving twice the bytes, that is no near
+    # tie (2 x 2 hosts at 1 Gbit/s: 0.66 s against 0.096 s; its second-look call was one
+    # more stalled step of every fresh job).
+    costs = {"mpi": [0.66] * 3, "hierarchical": [0.096] * 3, "ring": [0.125] * 3}
+    calibration = calibrate(costs, narrow=True)
+    names = [name for name, _ in calibration.trials[Calibration.size_class(32 << 20, True)]]
+    assert names == ["hierarchical"] * TRIALS + ["ring"] * TRIALS + ["mpi"]
+    assert calibration.choice(32 << 20, narrow=True) == "hierarchical"
+    assert calibration.losers[Calibration.size_class(32 << 20, True)] == {"mpi"}
+    # Not on float32 buffers: there the second look stays, whatever the margin.
+    names = [name for name, _ in calibrate(costs).trials[Calibration.size_class(32 << 20)]]
+    assert names[-TRIALS - 1:] == ["hierarchical"] * TRIALS + ["mpi"]
 
 
 def test_on_16_bit_buffers_mpi_that_keeps_up_is_still_kept():
@@ -243,7 +258,7 @@ def test_what_an_adjacent_class_chose_runs_even_if_the_other_one_saw_it_lose():
 def test_a_contender_that_kept_up_in_one_round_is_not_a_plain_loser():
     # MPI's own cut short in the first round, level with the choice on the second look:
     # hierarchical is kept (MPI's own is not within the margin), but MPI's own is no loser.
-    costs = {"mpi": [0.5, 0.12, 0.12, 0.12], "hierarchical": [0.1] * 6, "ring": [0.13] * 3}
+    costs = {"mpi": [0.18, 0.12, 0.12, 0.12], "hierarchical": [0.1] * 6, "ring": [0.13] * 3}
     calibration = calibrate(costs, narrow=True)
     key = Calibration.size_class(32 << 20, True)
     names = [name for name, _ in calibration.trials[key]]

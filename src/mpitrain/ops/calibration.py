@@ -30,7 +30,8 @@ call are :data:`PRUNE` times slower.  For 16-bit buffers MPI's own runs last in 
 round, so that it can be cut: it widens them, and on 2 x 2 namespace hosts at 1 Gbit/s a
 16 MiB float16 bucket took 660 ms on its path against hierarchical's 96 ms (2026-11-29);
 running it first, three times, made a job's first 20 steps with ``Compression.fp16`` cost
-2.2x as many steady ones.  Decisions are kept across runs (:mod:`.calibration_cache`): a job
+2.2x as many steady ones; and where its one call lost by more than :data:`NARROW_SURE`, no
+second look is needed.  Decisions are kept across runs (:mod:`.calibration_cache`): a job
 started again on the same layout and link starts with them and runs no trials, only a check
 of each on its first ``CHECK_CALLS`` calls against the time it was decided with.
 
@@ -80,6 +81,12 @@ CHECK_TOLERANCE = 1.3
 # A contender this many times slower than the best so far is out after one trial: the trials
 # are real training steps, and three calls of an algorithm that plainly loses are a tax.
 PRUNE = 1.5
+# On 16-bit buffers MPI's own moves twice the bytes and converts them twice: a first-round loss
+# by more than this factor is not a near tie that a second sample could overturn, so it needs
+# no second look.  On 2 x 2 namespace hosts at 1 Gbit/s its calls there took 0.55-2.5 s against
+# hierarchical's 0.09-0.6 s (4-7x); the second look's one more call was a second stalled step
+# in every fresh job using Compression.fp16 (2026-11-29).
+NARROW_SURE = 2.0
 
 Key = tuple[bool, int]  # (16-bit element type, size class)
 
@@ -250,12 +257,20 @@ class Calibration:
                               if key in self.first_round else self._entrants(key))
         if key in self.first_round:
             self._settle(key, choice)
-        elif choice == mpi or mpi not in self._entrants(key):
+        elif choice == mpi or mpi not in self._entrants(key) or self._narrow_loss(key, trials,
+                                                                                 choice):
             self.first_round[key] = len(self.trials[key])
             self._settle(key, choice)
         else:
             self.first_round[key] = len(self.trials[key])
             self.provisional[key] = choice
+
+    def _narrow_loss(self, key: Key, trials: list[tuple[str, float]], choice: str) -> bool:
+        """Whether MPI's own lost a 16-bit class's first round by more than NARROW_SURE."""
+        narrow, _ = key
+        mine = [t for n, t in trials if n == self.contenders[0]]
+        best = statistics.median(t for n, t in trials if n == choice)
+        return narrow and bool(mine) and min(mine) > NARROW_SURE * best
 
     def _settle(self, key: Key, choice: str) -> None:
         self.decided[key] = choice
