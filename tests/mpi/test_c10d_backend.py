@@ -191,6 +191,36 @@ def test_all_gather_list_and_tensor(pg):
     assert grid[:, 0, 0].tolist() == [float(r) for r in range(SIZE)]
 
 
+def test_all_gather_into_tensor_and_the_coalesced_forms(pg):
+    # The flat and stacked outputs of all_gather_into_tensor ...
+    flat = torch.empty(SIZE * 5)
+    dist.all_gather_into_tensor(flat, per_rank(RANK))
+    torch.testing.assert_close(flat, torch.cat([per_rank(r) for r in range(SIZE)]))
+    stacked = torch.empty(SIZE, 5)
+    dist.all_gather_into_tensor(stacked, per_rank(RANK))
+    for r in range(SIZE):
+        torch.testing.assert_close(stacked[r], per_rank(r))
+    # ... several inputs of other sizes in one request (torch wants one dtype there):
+    # outputs[rank][input] ...
+    inputs = [per_rank(RANK), per_rank(RANK, n=3)]
+    outputs = [[torch.empty_like(t) for t in inputs] for _ in range(SIZE)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch deprecates all_gather_coalesced
+        dist.all_gather_coalesced(outputs, inputs)
+    for r in range(SIZE):
+        for got, want in zip(outputs[r], [per_rank(r), per_rank(r, n=3)]):
+            torch.testing.assert_close(got, want)
+    # ... and one output tensor per input, of any types, as torch's coalescing manager asks
+    # the backend.
+    inputs = [per_rank(RANK), per_rank(RANK, n=3, dtype=torch.float64)]
+    backend = dist.distributed_c10d._get_default_group()
+    into = [torch.empty(SIZE * 5), torch.empty(SIZE * 3, dtype=torch.float64)]
+    backend.allgather_into_tensor_coalesced(into, inputs).wait()
+    torch.testing.assert_close(into[0], torch.cat([per_rank(r) for r in range(SIZE)]))
+    torch.testing.assert_close(into[1], torch.cat([per_rank(r, n=3, dtype=torch.float64)
+                                                   for r in range(SIZE)]))
+
+
 def test_objects_ride_on_the_backend(pg):
     got = [None] * SIZE
     dist.all_gather_object(got, {"rank": RANK, "tag": "x" * RANK})
