@@ -430,6 +430,18 @@ def test_a_given_choice_that_takes_another_time_is_calibrated_again(took, capsys
     assert calibration.next_trial(32 << 20) == "mpi"
 
 
+def test_a_choice_calibrated_again_no_longer_speaks_for_its_neighbours():
+    calibration, now = given("hierarchical", 0.09)
+    key = Calibration.size_class(32 << 20)
+    calibration.losers[key] = frozenset({"mpi"})
+    for _ in range(2):
+        calibration.run_check(SlowestRankComm(), 32 << 20,
+                              lambda: now.__setitem__(0, now[0] + 0.3))
+    assert calibration.choice(32 << 20) is None and key not in calibration.losers
+    # So the class above tries MPI's own again.
+    assert calibration.next_trial(64 << 20) == "mpi"
+
+
 def test_the_check_uses_the_slowest_rank(capsys):
     # Fast here, slow on another rank: every rank sees the slow time and forgets alike.
     calibration, now = given("mpi", 0.30)

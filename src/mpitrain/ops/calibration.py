@@ -164,6 +164,9 @@ class Calibration:
         if 1 / CHECK_TOLERANCE <= ratio <= CHECK_TOLERANCE:
             return
         choice = self.decided.pop(key)
+        # What lost there was measured on the link that no longer holds: its neighbours must
+        # not leave anything out on its word.
+        self.losers.pop(key, None)
         if self.verbose:
             sys.stderr.write(f"{self._head(key, choice)} no longer: it took "
                              f"{min(times) * 1e3:.1f} ms, {ratio:.2f}x the "
