@@ -14,6 +14,7 @@ require grad.  ``sparse_allreduce_async`` (sparse COO tensors) lives here too.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -35,7 +36,7 @@ def _linear_op(op: ReduceOp) -> None:
 
 
 @dataclass(frozen=True)
-class ReductionRule:
+class ReductionRule(ABC):
     """A differentiable reduction: how it starts, and its adjoint, which reduces with the same
     op, scale factors and ranks.  Handed to :class:`GroupedReduction` as one argument."""
 
@@ -44,11 +45,13 @@ class ReductionRule:
     post: float
     process_set: ProcessSet
 
+    @abstractmethod
     def start(self, tensors: list[torch.Tensor], name: str | None) -> collectives.Handle:
-        raise NotImplementedError
+        """Submit the reduction of ``tensors``; the handle's result is the reduced list."""
 
+    @abstractmethod
     def adjoint(self, grads: list[torch.Tensor]) -> list[torch.Tensor]:
-        raise NotImplementedError
+        """The gradients of the inputs, given those of the outputs."""
 
 
 class AllreduceRule(ReductionRule):
