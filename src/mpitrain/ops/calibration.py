@@ -272,8 +272,9 @@ class Calibration:
         """Whether MPI's own lost a 16-bit class's first round by more than NARROW_SURE."""
         narrow, _ = key
         mine = [t for n, t in trials if n == self.contenders[0]]
-        best = statistics.median(t for n, t in trials if n == choice)
-        return narrow and bool(mine) and min(mine) > NARROW_SURE * best
+        if not (narrow and mine):
+            return False
+        return min(mine) > NARROW_SURE * statistics.median(t for n, t in trials if n == choice)
 
     def _settle(self, key: Key, choice: str) -> None:
         self.decided[key] = choice

@@ -54,6 +54,7 @@ PROBE_CALLS = 5
 LINK_TOLERANCE = 2.0
 SLOWER_TOLERANCE = 16.0
 
+
 def cache_path(group: Group) -> Path | None:
     """The file, or None when the cache is off (an empty value or ``0``).  Only rank 0's
     setting counts (:func:`enabled` tells the others)."""
