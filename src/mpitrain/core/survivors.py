@@ -34,6 +34,25 @@ def revoke(comms: Iterable[Any]) -> None:
             comm.Revoke()
 
 
+def release(comm: Any) -> None:
+    """Free ``comm`` (best effort), unless it was revoked.
+
+    After a failure, peers may still have messages on their way to a revoked communicator.
+    Once freed, its context id goes to the next communicator this process creates, and Open
+    MPI 5 takes such a late message for one of the new communicator's and aborts the process
+    (seen in elastic rebuilds: ``MPI_Comm_dup`` of the survivors' communicator aborting in
+    ``mca_pml_ob1_add_comm``).  A revoked communicator is kept, unused, until the process ends:
+    a few per recovery.
+    """
+    if comm is None:
+        return
+    with contextlib.suppress(Exception):  # best effort at teardown; COMM_NULL, already freed
+        is_revoked = getattr(comm, "Is_revoked", None)
+        if is_revoked is not None and is_revoked():
+            return
+        comm.Free()
+
+
 def shrink(comm: Any) -> Any | None:
     """A new communicator of the ranks of ``comm`` that are still alive, or None without ULFM.
 

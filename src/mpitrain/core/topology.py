@@ -13,12 +13,13 @@ runs on one machine exactly as it would across several.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from . import survivors
 
 # Launchers' names for "my index among the processes of this node", in order of preference.
 LOCAL_RANK_VARIABLES = (
@@ -95,8 +96,7 @@ class Communicators:
             return
         self.freed = True
         for comm in (self.local, self.cross, self.machine, self.world):
-            with contextlib.suppress(Exception):  # best effort at teardown
-                comm.Free()
+            survivors.release(comm)
 
 
 def _warn_once(message: str) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import ops
+from ..core import survivors
 from .autotune import Setting
 from .executor import Executor
 from .negotiation import Negotiator
@@ -79,7 +80,6 @@ class SetState:
             with contextlib.suppress(Exception):  # teardown is best effort
                 self.executor.close()
         if self.negotiator is not None:
-            with contextlib.suppress(Exception):  # teardown is best effort
-                self.negotiator.comm.Free()
+            survivors.release(self.negotiator.comm)
         if self.group is not None:
             self.group.close()
