@@ -3,6 +3,7 @@
 import json
 import os
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -202,3 +203,29 @@ def test_process_set_registration_must_agree(hvd):
 
     with pytest.raises(MpitrainInternalError, match="mismatched arguments for add_set"):
         hvd.add_process_set([0] if RANK == 0 else [0, 1])
+
+
+def test_synchronous_calls_run_their_cycles_on_the_calling_thread(hvd):
+    """A blocking allreduce needs no hand-over to the engine thread and back: the caller runs
+    the cycles itself (engine/driver.py), so nearly every cycle of a run of synchronous calls
+    is a waiter's, and the results are the same."""
+    before = stats(hvd)
+    for i in range(50):
+        out = hvd.allreduce(torch.full((4,), float(RANK + i)), name=f"sync.{i}", op=hvd.Sum)
+        assert torch.all(out == SIZE * i + SIZE * (SIZE - 1) / 2)
+    after = stats(hvd)
+    cycles = after["cycles"] - before["cycles"]
+    inline = after["inline_cycles"] - before["inline_cycles"]
+    # The engine thread may still run a few (its timer, a wake-up raced by the caller).
+    assert cycles >= 50 and inline >= 0.8 * cycles, (cycles, inline)
+
+
+def test_asynchronous_calls_still_overlap_on_the_engine_thread(hvd):
+    """Async submissions wake the engine thread: their reduction runs while the caller does
+    something else, without anyone waiting on the handle."""
+    handle = hvd.allreduce_async(torch.ones(4), name="overlap", op=hvd.Sum)
+    deadline = time.monotonic() + 30
+    while not hvd.poll(handle) and time.monotonic() < deadline:
+        time.sleep(0.001)  # not a wait: nothing runs the cycles here
+    assert hvd.poll(handle), "the engine thread did not run an async request on its own"
+    assert torch.all(hvd.synchronize(handle) == SIZE)

@@ -62,6 +62,7 @@ from .requests import (
     resolve_op,
     scale_factor,
     synchronize,
+    wait_now,
 )
 
 __all__ = [
@@ -108,4 +109,5 @@ __all__ = [
     "start_timeline",
     "stop_timeline",
     "synchronize",
+    "wait_now",
 ]

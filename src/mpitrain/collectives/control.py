@@ -6,7 +6,7 @@ from __future__ import annotations
 from .. import session
 from ..core.process_sets import ProcessSet, global_process_set, set_id_of
 from ..engine.request import Handle, Kind, Request
-from .requests import request_name, submit, synchronize
+from .requests import request_name, submit, wait_now
 
 
 def barrier_async(process_set: ProcessSet = global_process_set,
@@ -20,7 +20,7 @@ def barrier_async(process_set: ProcessSet = global_process_set,
 
 def barrier(process_set: ProcessSet = global_process_set) -> None:
     """Return once every rank of the process set has called barrier()."""
-    synchronize(barrier_async(process_set))
+    wait_now(barrier_async, process_set)
 
 
 def join(device: int = -1, process_set: ProcessSet = global_process_set) -> int:
@@ -36,7 +36,7 @@ def join(device: int = -1, process_set: ProcessSet = global_process_set) -> int:
     set_id = set_id_of(process_set)
     request = Request(name=request_name(None, set_id, Kind.JOIN), kind=Kind.JOIN, entries=[],
                       process_set_id=set_id)
-    return int(synchronize(submit(request, None)))
+    return int(wait_now(submit, request, None))
 
 
 def start_timeline(file_path: str, mark_cycles: bool = False) -> None:

@@ -23,7 +23,7 @@ from .requests import (
     refused_everywhere,
     request_name,
     submit,
-    synchronize,
+    wait_now,
 )
 
 
@@ -61,7 +61,7 @@ def allgather_async(tensor: Any, name: str | None = None,
 def allgather(tensor: Any, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> Any:
     """Concatenate every rank's ``tensor`` along the first dimension, in rank order."""
-    return synchronize(allgather_async(tensor, name, process_set))
+    return wait_now(allgather_async, tensor, name, process_set)
 
 
 def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None,
@@ -74,7 +74,7 @@ def grouped_allgather_async(tensors: Sequence[Any], name: str | None = None,
 def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
                       process_set: ProcessSet = global_process_set) -> list[Any]:
     """Allgather each tensor of a list; returns the gathered tensors in order."""
-    return synchronize(grouped_allgather_async(tensors, name, process_set))
+    return wait_now(grouped_allgather_async, tensors, name, process_set)
 
 def _broadcast_request(tensor: Any, root_rank: int, in_place: bool, name: str | None,
                        process_set: ProcessSet) -> tuple[Request, Any]:
@@ -109,13 +109,13 @@ def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None,
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,
               process_set: ProcessSet = global_process_set) -> Any:
     """Return a copy of ``root_rank``'s ``tensor`` on every rank."""
-    return synchronize(broadcast_async(tensor, root_rank, name, process_set))
+    return wait_now(broadcast_async, tensor, root_rank, name, process_set)
 
 
 def broadcast_(tensor: Any, root_rank: int, name: str | None = None,
                process_set: ProcessSet = global_process_set) -> Any:
     """Overwrite ``tensor`` with ``root_rank``'s, in place; returns it."""
-    return synchronize(broadcast_async_(tensor, root_rank, name, process_set))
+    return wait_now(broadcast_async_, tensor, root_rank, name, process_set)
 
 def alltoall_async(tensor: Any, splits: Any = None, name: str | None = None,
                    process_set: ProcessSet = global_process_set) -> Handle:
@@ -182,7 +182,7 @@ def _alltoall_splits(splits: Any, rows: int, size: int) -> list[int]:
 def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
              process_set: ProcessSet = global_process_set) -> tuple[Any, Any]:
     """Exchange rows with every rank; returns ``(output, received_splits)``."""
-    result: tuple[Any, Any] = synchronize(alltoall_async(tensor, splits, name, process_set))
+    result: tuple[Any, Any] = wait_now(alltoall_async, tensor, splits, name, process_set)
     return result
 
 def _dumps(obj: Any) -> np.ndarray:

@@ -23,7 +23,7 @@ from .requests import (
     resolve_op,
     scale_factor,
     submit,
-    synchronize,
+    wait_now,
 )
 
 # How one tensor of a reduction becomes an engine entry, given the checked op and scale
@@ -123,21 +123,21 @@ def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
     """
     narrowed = wire.narrow([tensor], compression)
     if narrowed is not None:
-        synchronize(allreduce_async_(narrowed[0].buffer, average, name, op, prescale_factor,
-                                     postscale_factor, process_set))
+        wait_now(allreduce_async_, narrowed[0].buffer, average, name, op, prescale_factor,
+                 postscale_factor, process_set)
         return wire.widened(narrowed)[0]
     compressed, ctx = compression.compress(tensor)
-    handle = allreduce_async(compressed, average, name, op, prescale_factor, postscale_factor,
-                             process_set)
-    return compression.decompress(synchronize(handle), ctx)
+    reduced = wait_now(allreduce_async, compressed, average, name, op, prescale_factor,
+                       postscale_factor, process_set)
+    return compression.decompress(reduced, ctx)
 
 
 def allreduce_(tensor: Any, average: bool | None = None, name: str | None = None,
                op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                process_set: ProcessSet = global_process_set) -> Any:
     """Reduce ``tensor`` in place across the process set and return it."""
-    return synchronize(allreduce_async_(tensor, average, name, op, prescale_factor,
-                                        postscale_factor, process_set))
+    return wait_now(allreduce_async_, tensor, average, name, op, prescale_factor,
+                    postscale_factor, process_set)
 
 
 def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None,
@@ -167,13 +167,13 @@ def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
     """Reduce a list of tensors together; returns new tensors in the same order."""
     narrowed = wire.narrow(as_list(tensors), compression)
     if narrowed is not None:
-        synchronize(grouped_allreduce_async_([n.buffer for n in narrowed], average, name, op,
-                                             prescale_factor, postscale_factor, process_set))
+        wait_now(grouped_allreduce_async_, [n.buffer for n in narrowed], average, name, op,
+                 prescale_factor, postscale_factor, process_set)
         return wire.widened(narrowed)
     pairs = [compression.compress(t) for t in as_list(tensors)]
-    handle = grouped_allreduce_async([p[0] for p in pairs], average, name, op, prescale_factor,
-                                     postscale_factor, process_set)
-    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(synchronize(handle), pairs)]
+    reduced = wait_now(grouped_allreduce_async, [p[0] for p in pairs], average, name, op,
+                       prescale_factor, postscale_factor, process_set)
+    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(reduced, pairs)]
 
 
 def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None,
@@ -181,8 +181,8 @@ def grouped_allreduce_(tensors: Sequence[Any], average: bool | None = None,
                        postscale_factor: float = 1.0,
                        process_set: ProcessSet = global_process_set) -> list[Any]:
     """Reduce a list of tensors together, in place; returns them."""
-    return synchronize(grouped_allreduce_async_(tensors, average, name, op, prescale_factor,
-                                                postscale_factor, process_set))
+    return wait_now(grouped_allreduce_async_, tensors, average, name, op, prescale_factor,
+                    postscale_factor, process_set)
 
 
 def _reducescatter_request(tensors: Sequence[Any], name: str | None, op: Any,
@@ -229,9 +229,9 @@ def reducescatter(tensor: Any, name: str | None = None,
     its dtype after, as for :func:`allreduce`.
     """
     compressed, ctx = compression.compress(tensor)
-    handle = reducescatter_async(compressed, name, op, process_set, prescale_factor,
-                                 postscale_factor)
-    return compression.decompress(synchronize(handle), ctx)
+    reduced = wait_now(reducescatter_async, compressed, name, op, process_set, prescale_factor,
+                       postscale_factor)
+    return compression.decompress(reduced, ctx)
 
 
 def grouped_reducescatter_async(tensors: Sequence[Any], name: str | None = None,
@@ -251,6 +251,6 @@ def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
                           postscale_factor: float = 1.0) -> list[Any]:
     """Reducescatter each tensor of a list; returns this rank's blocks in order."""
     pairs = [compression.compress(t) for t in as_list(tensors)]
-    handle = grouped_reducescatter_async([p[0] for p in pairs], name, op, process_set,
-                                         prescale_factor, postscale_factor)
-    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(synchronize(handle), pairs)]
+    reduced = wait_now(grouped_reducescatter_async, [p[0] for p in pairs], name, op,
+                       process_set, prescale_factor, postscale_factor)
+    return [compression.decompress(out, ctx) for out, (_, ctx) in zip(reduced, pairs)]

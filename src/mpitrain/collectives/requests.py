@@ -9,8 +9,9 @@ negotiates.  The engine is reached through :func:`mpitrain.session.engine` and n
 from __future__ import annotations
 
 import contextlib
+import threading
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -117,10 +118,34 @@ def refused_everywhere(name: str, kind: Kind, set_id: int) -> Iterator[None]:
         raise
 
 
+class _Blocking(threading.local):
+    """Set on a thread while it submits a call it will wait for at once (see wait_now)."""
+
+    now = False
+
+
+_blocking = _Blocking()
+
+
 def submit(request: Request, finish: Any) -> Handle:
-    handle: Handle = session.engine().submit(request)
+    handle: Handle = session.engine().submit(request, wake=not _blocking.now)
     handle._finish = finish
     return handle
+
+
+def wait_now(start: Callable[..., Handle], *args: Any) -> Any:
+    """A blocking call: submit through ``start(*args)`` (an ``*_async`` function) and wait.
+
+    The engine thread is not woken for it: this thread runs the engine's cycles itself while it
+    waits (:mod:`mpitrain.engine.driver`), so a synchronous collective costs no hand-over
+    between threads.
+    """
+    _blocking.now = True
+    try:
+        handle = start(*args)
+    finally:
+        _blocking.now = False
+    return synchronize(handle)
 
 
 def entry_in_place(tensor: Any, what: str) -> Entry:

@@ -7,7 +7,8 @@ same order, collectives match across ranks without any further coordination.
 
 The thread never spins: between cycles it sleeps on a condition variable that a submission
 wakes, for the cycle time while anything is pending somewhere and for a growing idle interval
-(up to ``_IDLE_MAX_S``) otherwise.
+otherwise.  A thread waiting on a handle while no cycle runs runs the cycles itself
+(:mod:`.driver`).
 """
 
 from __future__ import annotations
@@ -26,14 +27,12 @@ from ..core.errors import CollectiveMismatchError, MpitrainInternalError, ranks_
 from ..ops.kernels import cpu
 from . import autotune_sync, buckets
 from .autotune import Setting, start_setting
+from .driver import CycleDriver
 from .negotiation import Response
 from .request import Completion, Handle, Kind, Request
 from .set_registry import GLOBAL_SET_ID, SetRegistry
 from .set_state import SetState
 from .timeline import Timeline
-
-_IDLE_MAX_S = 0.05
-_BURST_GAP_S = 5e-5  # a submission gap this long ends a burst
 
 
 class Engine:
@@ -56,8 +55,9 @@ class Engine:
         self._stopping_ranks: list[int] = []
         self._leaving = False  # this rank stops to leave the job (see stop())
         self._peers_left: list[int] = []
-        self._fatal: BaseException | None = None
-        self._thread: threading.Thread | None = None
+        self._driver = CycleDriver(self.run_cycle, self._cond, lambda: len(self._inbox),
+                                   lambda: self._stopping, lambda: self.cycle_time_s)
+        self.completion.run_inline = self._driver.run_until_done
         self._sets = SetRegistry(self._cond, config, self.timeline, topo,
                                  lambda: self.fusion_threshold)
         self.cycle_time_s = config.cycle_time_ms / 1e3  # autotune may change it
@@ -65,7 +65,6 @@ class Engine:
                                                            topo.num_nodes)
         self._sets.open(GLOBAL_SET_ID, list(range(topo.size)), comms, topo,
                         self.autotune.setting, autotune_sync.WORDS)
-        self.cycles = 0
 
     # ------------------------------------------------------------------ process sets
     def process_set(self, set_id: int) -> SetState:
@@ -116,15 +115,17 @@ class Engine:
     # ------------------------------------------------------------------ submission
     def start(self) -> None:
         cpu.warm_up_in_background()  # the first allreduce need not wait for numba's load
-        self._thread = threading.Thread(target=self._run, name="mpitrain-engine", daemon=True)
-        self._thread.start()
+        self._driver.start()
 
     def next_name(self, set_id: int, kind: Kind) -> str:
         """A name for an unnamed request: identical programs produce identical names."""
         return self._sets.next_name(set_id, kind)
 
-    def submit(self, request: Request) -> Handle:
+    def submit(self, request: Request, wake: bool = True) -> Handle:
         """Queue ``request`` for negotiation and return its handle.
+
+        ``wake=False``: the caller waits for the handle at once and runs the cycles itself
+        (:mod:`.driver`), so the engine thread is left asleep.
 
         Raises:
             ValueError: a request of the same name is still in flight, or this rank is not
@@ -148,9 +149,11 @@ class Engine:
                 raise ValueError(f"a request named '{request.name}' is already in flight; "
                                  "names must be unique until synchronized")
             names.add(request.name)
+            if request.device != "cpu":
+                self._driver.inline_allowed = False  # see .driver: CUDA stays on the thread
             self._inbox.append(request)
             self.completion.touch()
-            if len(self._inbox) == 1:
+            if len(self._inbox) == 1 and (wake or not self._driver.inline_allowed):
                 self._cond.notify()
         return handle
 
@@ -162,13 +165,14 @@ class Engine:
         (:attr:`peers_left`) and can rebuild without this one.
         """
         with self._cond:
-            if self._thread is None:
+            thread = self._driver.thread
+            if thread is None:
                 self._stopped = True
                 return
             self._leaving = leaving
             self._stopping = True
             self._cond.notify()
-        self._thread.join()
+        thread.join()
         self.timeline.stop()
         self.autotune.close()
         for state in self._sets.states.values():
@@ -184,64 +188,40 @@ class Engine:
         """Stop without the other ranks taking part: revoke every communicator first, so
         that this thread's collectives (and the peers') fail instead of waiting for ranks
         that will never join, then stop."""
+        self._revoke_all()
+        self.stop()
+
+    def _revoke_all(self) -> None:
+        """Interrupt this engine's collectives here and at the peers (with ULFM; without,
+        mpirun ends the job when a rank dies anyway)."""
         with self._cond:
             sets = list(self._sets.states.values())
         survivors.revoke(comm for state in sets for comm in state.communicators())
-        self.stop()
 
     # ------------------------------------------------------------------ the thread
-    def _run(self) -> None:
-        someone_pending = False
-        idle = self.cycle_time_s
+    def run_cycle(self) -> bool:
+        """One cycle, on whichever thread holds the driver's lock; False once the engine has
+        ended (some rank stopped it, or it failed here: then everything pending fails)."""
+        self.timeline.cycle(time.monotonic())
         try:
-            while True:
-                self._sleep(someone_pending, idle)
-                idle = min(_IDLE_MAX_S, max(idle * 2, 1e-3)) if not someone_pending \
-                    else self.cycle_time_s
-                self.cycles += 1
-                self.timeline.cycle(time.monotonic())
-                someone_pending, stop = self._cycle()
-                if stop:
-                    self._finish_all(self._stop_reason or _stopped_by(self._stopping_ranks))
-                    return
+            stop = self._cycle()
         except BaseException as exc:  # noqa: BLE001 - reported to every waiter
-            self._fatal = exc
-            # A peer may be waiting in a collective this rank will never join: interrupt it
-            # everywhere (with ULFM; without, mpirun ends the job when a rank dies anyway).
-            survivors.revoke(comm for state in list(self._sets.states.values())
-                             for comm in state.communicators())
+            self._revoke_all()  # a peer may wait in a collective this rank will never join
             sys.stderr.write(f"mpitrain: rank {self.topology.rank}: engine failed: "
                              f"{type(exc).__name__}: {exc}\n")
             self._finish_all(f"mpitrain engine failed on rank {self.topology.rank}: "
                              f"{type(exc).__name__}: {exc}")
+            if not isinstance(exc, Exception) and \
+                    threading.current_thread() is not self._driver.thread:
+                raise  # a KeyboardInterrupt in a waiter's cycle reaches its program
+            return False
+        if stop:
+            self._finish_all(self._stop_reason or _stopped_by(self._stopping_ranks))
+            return False
+        return True
 
-    def _sleep(self, someone_pending: bool, idle: float) -> None:
-        """Wait for work; then, while a burst of submissions continues, keep collecting.
-
-        A burst (1,000 gradients in a backward pass) is gathered for up to the cycle time so it
-        travels in a few fused buckets; a lone synchronous call goes out after one short gap.
-        """
-        cycle = self.cycle_time_s
-        with self._cond:
-            if not self._inbox and not self._stopping:
-                self._cond.wait(cycle if someone_pending else idle)
-            # A single request is most likely a synchronous call: send it now.  (In a burst
-            # the submitter holds the GIL while we wake, so we find several queued.)
-            if len(self._inbox) <= 1 or self._stopping:
-                return
-            deadline = time.monotonic() + cycle
-            seen = len(self._inbox)
-            while True:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                self._cond.wait(min(remaining, _BURST_GAP_S))
-                if len(self._inbox) == seen or self._stopping:
-                    return
-                seen = len(self._inbox)
-
-    def _cycle(self) -> tuple[bool, bool]:
-        """One round for every set this rank is in; returns (someone pending, stop)."""
+    def _cycle(self) -> bool:
+        """One round for every set this rank is in; returns whether to stop."""
         with self._cond:
             inbox, self._inbox = self._inbox, []
             stopping = self._stopping
@@ -252,7 +232,6 @@ class Engine:
                 self._fail_now([request], f"process set {request.process_set_id} was removed")
                 continue
             state.negotiator.add(request)
-        someone_pending = False
         deadlock_s = self.config.deadlock_time_seconds
         stuck = deadlock_s > 0 and self.completion.idle_waiting_for() >= deadlock_s
         for state in sets:
@@ -265,7 +244,6 @@ class Engine:
                 setting = self.autotune.incoming(result.extra)
                 if setting is not None:
                     self._apply(setting)
-            someone_pending |= result.someone_pending
             if result.gave_up:
                 # Requests failed because some rank never submitted them: the ranks have
                 # drawn different numbers of unnamed names (one called a collective the
@@ -281,8 +259,10 @@ class Engine:
                 self._stopping_ranks = result.leaving_ranks or result.stopping_ranks
                 if not stopping:  # others stopped this engine; this rank may go on
                     self._peers_left = result.leaving_ranks
-                return someone_pending, True
-        return someone_pending, False
+                return True
+        self._driver.pending_here = any(state.negotiator is not None and state.negotiator.pending
+                                        for state in sets)
+        return False
 
     def _apply(self, setting: Setting) -> None:
         """Run with autotune's ``setting`` from now on (every rank, in the same round)."""
@@ -355,6 +335,7 @@ class Engine:
             self._stop_reason = message
             leftovers = self._inbox + self._executing
             self._inbox, self._executing = [], []
+            self._cond.notify_all()  # an engine thread asleep ends now (see .driver)
         for state in list(self._sets.states.values()):
             if state.negotiator is not None:
                 leftovers.extend(state.negotiator.drop_all())
@@ -374,7 +355,8 @@ class Engine:
         state = self._sets.states[GLOBAL_SET_ID]
         assert state.negotiator is not None and state.executor is not None
         return {
-            "cycles": self.cycles,
+            "cycles": self._driver.cycles,
+            "inline_cycles": self._driver.inline_cycles,
             "rounds": state.negotiator.rounds,
             "announcement_rounds": state.negotiator.announcement_rounds,
             "collectives": state.executor.collectives,

@@ -4,7 +4,7 @@ One round per cycle per process set, on a communicator used for nothing else:
 
 1. **Header** (one non-blocking AND-allreduce of a few words): the cache bits of this rank's
    pending repeats (AND: ready everywhere), stale cache bits (OR), and flags (OR: someone has
-   new requests to announce / is stopping / has pending work / suspects a stall).  OR values
+   new requests to announce / is stopping / suspects a stall).  OR values
    travel inverted so one AND-reduction carries both.  In steady-state training this is the
    whole exchange: a few hundred bytes however many tensors there are.
 2. **Announcements**, only when someone has new names: every rank's new (name, meta) pairs are
@@ -44,10 +44,10 @@ from .stalls import StallInspector, gather_pending
 # Flags carried in the OR word of the header.
 F_ANNOUNCE = 1
 F_STOP = 2
-F_PENDING = 4
 F_STALL = 8
 F_JOINED = 16
-_ALL_ONES = np.uint64(0xFFFFFFFFFFFFFFFF)
+_WORD = (1 << 64) - 1
+_ALL_ONES_BYTES = b"\xff" * 8
 
 UNCACHED_KINDS = (Kind.JOIN, Kind.ADD_SET, Kind.REMOVE_SET)
 # Kind(value) goes through Enum.__call__ (~0.5 us); the engine asks a response's kind several
@@ -80,7 +80,6 @@ class Response:
 class RoundResult:
     responses: list[Response]
     someone_stopping: bool
-    someone_pending: bool
     extra: np.ndarray | None = None  # the header's extra words, AND-reduced
     stopping_ranks: list[int] = field(default_factory=list)  # world ranks, when someone stops
     leaving_ranks: list[int] = field(default_factory=list)  # those of them that leave the job
@@ -155,46 +154,47 @@ class Negotiator:
         """
         self.rounds += 1
         nbits = self.cache.num_bits
-        nwords = (nbits + 63) // 64
-        header = np.zeros(2 * nwords + 2 + self.extra_words, dtype=np.uint64)
-        if self.extra_words:
-            header[2 * nwords + 2:] = _ALL_ONES if extra is None else extra
-        if self.locally_joined:
-            header[:nwords] = _ALL_ONES
-        else:
-            header[:nwords] = _words(self.hits, nwords)
-        stale = _words(self.stale, nwords)
+        width = (nbits + 63) // 64 * 8  # bytes of one bit field
+        everything = (1 << (8 * width)) - 1
+        # The header is built and read as Python integers (a few dozen nanoseconds each) and
+        # crosses the wire as one buffer: this round is paid on every synchronous call.
         flags = 0
         if self.unannounced:
             flags |= F_ANNOUNCE
         if stopping:
             flags |= F_STOP
-        if self.pending:
-            flags |= F_PENDING
         if self.stalls.due(self.pending):
             flags |= F_STALL
-        header[nwords:2 * nwords] = ~stale
-        header[2 * nwords] = ~np.uint64(flags)
-        header[2 * nwords + 1] = 1 if stuck and self.pending else 0
+        hits = everything if self.locally_joined else _mask(self.hits)
+        tail = b""
+        if self.extra_words:
+            tail = (_ALL_ONES_BYTES * self.extra_words if extra is None
+                    else np.asarray(extra, dtype="<u8").tobytes())
+        raw = bytearray(hits.to_bytes(width, "little")
+                        + (everything ^ _mask(self.stale)).to_bytes(width, "little")
+                        + (_WORD ^ flags).to_bytes(8, "little")
+                        + (1 if stuck and self.pending else 0).to_bytes(8, "little") + tail)
+        header = np.frombuffer(raw, dtype="<u8")
 
         req = self.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.BAND)
         wait_for(req, self.stalls.report_slow_round, self.stalls.slow_round_after)
 
-        ready_everywhere = header[:nwords]
-        stale_anywhere = ~header[nwords:2 * nwords]
-        flags_any = int(~header[2 * nwords])
+        ready_everywhere = int.from_bytes(raw[:width], "little")
+        stale_anywhere = everything ^ int.from_bytes(raw[width:2 * width], "little")
+        flags_any = _WORD ^ int.from_bytes(raw[2 * width:2 * width + 8], "little")
+        everyone_stuck_word = raw[2 * width + 8:2 * width + 16] != bytes(8)
 
         self._evict(stale_anywhere, nbits)
         # Ranks that set every bit in this header: those joined before this round.
         joined_before = frozenset(self.joined)
         responses: list[Response] = []
-        if flags_any & F_ANNOUNCE or stale_anywhere.any():
+        if flags_any & F_ANNOUNCE or stale_anywhere:
             self._exchange_announcements()
         responses.extend(self._cached_ready(ready_everywhere & ~stale_anywhere, nbits,
                                             joined_before))
         responses.extend(self._table_ready())
         # Decided on the same facts everywhere (the stall inspector's failures are not).
-        everyone_stuck = bool(header[2 * nwords + 1]) and not responses
+        everyone_stuck = everyone_stuck_word and not responses
         gave_up = False  # requests failed because some rank never submitted them
         if flags_any & F_STALL:
             stalled, gave_up = self._inspect_stalls()
@@ -202,14 +202,14 @@ class Negotiator:
         if everyone_stuck:
             responses.extend(self._break_deadlock())
             gave_up = True
-        tail = header[2 * nwords + 2:].copy() if self.extra_words else None
+        extra_out = header[2 * width // 8 + 2:].astype(np.uint64) if self.extra_words else None
         stopping_ranks: list[int] = []
         leaving_ranks: list[int] = []
         if flags_any & F_STOP:
             stopping_ranks, leaving_ranks = self._who_stops(2 if leaving and stopping
                                                             else int(stopping))
-        return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING),
-                           tail, stopping_ranks, leaving_ranks, gave_up)
+        return RoundResult(responses, bool(flags_any & F_STOP),
+                           extra_out, stopping_ranks, leaving_ranks, gave_up)
 
     def _who_stops(self, code: int) -> tuple[list[int], list[int]]:
         """The world ranks that asked to stop in this round, and those of them that leave the
@@ -221,7 +221,7 @@ class Negotiator:
         return ([self.world_ranks[r] for r in np.flatnonzero(everyone).tolist()],
                 [self.world_ranks[r] for r in np.flatnonzero(everyone == 2).tolist()])
 
-    def _evict(self, stale_anywhere: np.ndarray, nbits: int) -> None:
+    def _evict(self, stale_anywhere: int, nbits: int) -> None:
         for bit in _set_bits(stale_anywhere, nbits):
             self.cache.evict(bit)
             request = self.hits.pop(bit, None)
@@ -242,7 +242,7 @@ class Negotiator:
                 if meta.kind == Kind.JOIN and rank not in self.joined:
                     self.joined.append(rank)
 
-    def _cached_ready(self, ready: np.ndarray, nbits: int,
+    def _cached_ready(self, ready: int, nbits: int,
                       joined: frozenset[int]) -> list[Response]:
         out = []
         for bit in _set_bits(ready, nbits):
@@ -381,16 +381,17 @@ class Negotiator:
                               "giving up (MPITRAIN_STALL_SHUTDOWN_TIME_SECONDS)")
 
 
-def _words(bits: Any, nwords: int) -> np.ndarray:
-    """Pack bit numbers into little-endian uint64 words (Python ints are fast at this)."""
+def _mask(bits: Any) -> int:
+    """Bit numbers as one integer, bit ``b`` set for each ``b``."""
     mask = 0
     for bit in bits:
         mask |= 1 << bit
-    return np.frombuffer(mask.to_bytes(nwords * 8, "little"), dtype="<u8").astype(np.uint64)
+    return mask
 
 
-def _set_bits(words: np.ndarray, nbits: int) -> list[int]:
-    mask = int.from_bytes(words.astype("<u8").tobytes(), "little") & ((1 << nbits) - 1)
+def _set_bits(mask: int, nbits: int) -> list[int]:
+    """The numbers of the bits set in ``mask``, below ``nbits``, lowest first."""
+    mask &= (1 << nbits) - 1
     bits = []
     while mask:
         low = mask & -mask

@@ -201,6 +201,8 @@ class Completion:
         self.cond = threading.Condition(threading.Lock())
         self.waiters = 0
         self.last_activity = time.monotonic()
+        # The engine's offer to run cycles on the waiting thread (engine.driver); None: wait.
+        self.run_inline: Callable[[Handle], None] | None = None
 
     def touch(self) -> None:
         """Note activity (a submission): whatever waits may soon be able to proceed."""
@@ -281,15 +283,19 @@ class Handle:
             deadline = None if timeout is None else time.monotonic() + timeout
             completion = self._completion
             with completion.cond:
-                completion.waiters += 1
-                try:
+                completion.waiters += 1  # a waiter running cycles waits too (deadlock check)
+            try:
+                if completion.run_inline is not None and deadline is None:
+                    completion.run_inline(self)
+                with completion.cond:
                     while not self._done:
                         remaining = None if deadline is None else deadline - time.monotonic()
                         if remaining is not None and remaining <= 0:
                             raise TimeoutError(
                                 f"'{self.request.name}' did not finish in {timeout} s")
                         completion.cond.wait(remaining)
-                finally:
+            finally:
+                with completion.cond:
                     completion.waiters -= 1
         if self._error is not None:
             # A fresh error, so that the traceback shows this wait, of the same class as the

@@ -94,7 +94,7 @@ class GroupedReduction(torch.autograd.Function):
         ctx: Any, name: str | None, rule: ReductionRule, *tensors: torch.Tensor
     ) -> tuple[torch.Tensor, ...]:
         ctx.rule = rule
-        return tuple(collectives.synchronize(rule.start(list(tensors), name)))
+        return tuple(collectives.wait_now(rule.start, list(tensors), name))
 
     @staticmethod
     def backward(ctx: Any, *grads: torch.Tensor) -> tuple[Any, ...]:
@@ -115,7 +115,7 @@ class Allgather(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.shape = tensor.shape
         ctx.process_set = process_set
-        return collectives.synchronize(collectives.allgather_async(tensor, name, process_set))
+        return collectives.wait_now(collectives.allgather_async, tensor, name, process_set)
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[Any, ...]:
@@ -134,9 +134,8 @@ class GroupedAllgather(torch.autograd.Function):
         ctx.shapes = [t.shape for t in tensors]
         ctx.process_set = process_set
         return tuple(
-            collectives.synchronize(
-                collectives.grouped_allgather_async(list(tensors), name, process_set)
-            )
+            collectives.wait_now(collectives.grouped_allgather_async, list(tensors), name,
+                                 process_set)
         )
 
     @staticmethod
@@ -158,8 +157,8 @@ class Broadcast(torch.autograd.Function):
     ) -> torch.Tensor:
         ctx.root_rank = root_rank
         ctx.process_set = process_set
-        return collectives.synchronize(
-            collectives.broadcast_async(tensor, root_rank, name, process_set)
+        return collectives.wait_now(
+            collectives.broadcast_async, tensor, root_rank, name, process_set
         )
 
     @staticmethod
@@ -177,8 +176,8 @@ class Alltoall(torch.autograd.Function):
     def forward(
         ctx: Any, tensor: torch.Tensor, splits: Any, name: str | None, process_set: ProcessSet
     ) -> Any:
-        output, received = collectives.synchronize(
-            collectives.alltoall_async(tensor, splits, name, process_set)
+        output, received = collectives.wait_now(
+            collectives.alltoall_async, tensor, splits, name, process_set
         )
         ctx.received = received
         ctx.process_set = process_set
