@@ -13,8 +13,11 @@ Three patterns, each on tiny tensors (4 float32) so that only overhead is measur
 
 and mpi4py's ``comm.Allreduce`` on the same tiny buffer, N times.  When ``horovod.torch``
 imports (an environment built by ``benchmarks/horovod_peer.sh``), Horovod's engine runs the
-same three patterns in the same job, as the live peer.  Medians of several repeats, in
-microseconds per tensor.  Rank 0 prints the table::
+same three patterns in the same job, as the live peer.  The engines take turns, round after
+round (``--rounds``): each is measured while the other is shut down, as a user runs one of
+them, not both (Horovod's idle background thread polls MPI every cycle and takes a core from
+whichever engine is being measured; ours sleeps).  Medians over the rounds of the median of
+``--repeats``, in microseconds per tensor.  Rank 0 prints the table::
 
     .venv-horovod/bin/mpirun -np 2 .venv-horovod/bin/python benchmarks/engine_overhead.py
 """
@@ -22,6 +25,7 @@ microseconds per tensor.  Rank 0 prints the table::
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -68,19 +72,32 @@ def patterns(api: Any, label: str,
 
 
 def horovod() -> Any:
-    """horovod.torch, initialised, when it imports (benchmarks/horovod_peer.sh); else None."""
+    """horovod.torch when it imports (benchmarks/horovod_peer.sh), not initialised; else None."""
     try:
         import horovod.torch as peer
     except Exception:  # noqa: BLE001 - absent or broken: just not measured
         return None
-    peer.init()
     return peer
+
+
+def measure(api: Any, label: str, tensors: list[torch.Tensor],
+            repeats: int) -> dict[str, float]:
+    """``api``'s three patterns, initialised for them and shut down after: us per tensor."""
+    api.init()
+    rows = {}
+    for name, fn in patterns(api, label, tensors):
+        fn()  # warm-up: negotiation caches, numba compilation
+        rows[name] = _timed(fn, repeats) / len(tensors) * 1e6
+    api.shutdown()
+    return rows
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", type=int, default=1000, help="tensors per pattern")
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats (median)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="turns of each engine (median over them)")
     args = parser.parse_args()
     hvd.init()
     # The per-call cost in steady state: not while the CPU kernels still load in the
@@ -89,9 +106,10 @@ def main() -> None:
 
     # (getattr: engine_before_after.sh runs this against commits from before the load.)
     getattr(cpu, "wait_for_warm_up", lambda: None)()
+    size = hvd.size()
+    hvd.shutdown()
     n = args.ops
     tensors = [torch.full((4,), float(i)) for i in range(n)]
-
     buf = np.ones(4, dtype=np.float32)
     out = np.empty_like(buf)
     comm = MPI.COMM_WORLD.Dup()
@@ -100,25 +118,24 @@ def main() -> None:
         for _ in range(n):
             comm.Allreduce(buf, out)
 
-    runs = patterns(hvd, "", tensors)
     peer = horovod()
-    if peer is not None:
-        runs += patterns(peer, "Horovod 0.28 ", tensors)
-    runs.append(("mpi4py Allreduce (one at a time)", run_mpi))
-    rows = []
-    for label, fn in runs:
-        fn()  # warm-up: negotiation caches, numba compilation
-        rows.append((label, _timed(fn, args.repeats) / n * 1e6))
-    stats = hvd.session.engine().stats()
-    if hvd.rank() == 0:
-        print(f"engine overhead, {hvd.size()} ranks, {n} tensors of 4 float32, median of "
-              f"{args.repeats}")
-        mpi_us = rows[-1][1]
-        for label, us in rows:
+    samples: dict[str, list[float]] = {}
+    for _ in range(args.rounds):
+        rows = measure(hvd, "", tensors, args.repeats)
+        if peer is not None:
+            rows.update(measure(peer, "Horovod 0.28 ", tensors, args.repeats))
+        run_mpi()
+        rows["mpi4py Allreduce (one at a time)"] = _timed(run_mpi, args.repeats) / n * 1e6
+        for label, us in rows.items():
+            samples.setdefault(label, []).append(us)
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        print(f"engine overhead, {size} ranks, {n} tensors of 4 float32, median of "
+              f"{args.rounds} rounds x {args.repeats} repeats; load {os.getloadavg()[0]:.2f}")
+        mpi_us = statistics.median(samples["mpi4py Allreduce (one at a time)"])
+        for label, values in samples.items():
+            us = statistics.median(values)
             print(f"  {label:52s} {us:8.1f} us/tensor   {us / mpi_us:6.1f}x mpi4py")
-        print(f"  engine counters: {stats}")
     comm.Free()
-    hvd.shutdown()
 
 
 if __name__ == "__main__":

@@ -44,12 +44,12 @@ class CycleDriver:
         self._lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.ended = False
-        # This rank had requests pending after the last round: the engine thread then runs
-        # rounds at the cycle time until they are done.  Other ranks' pending work alone does
-        # not speed it up: nothing of theirs can be decided before this rank submits it, and
-        # a submission wakes the thread (or its caller runs the cycles), while every extra
-        # wake-up takes the GIL from a caller running cycles.
-        self.pending_here = False
+        # Some rank had requests pending after the last round: the engine thread then runs
+        # rounds at the cycle time (theirs may need this rank's rounds to pair with, in any
+        # set), unless a waiter of this rank is running them: then it stays asleep, since
+        # every wake-up takes the GIL from the waiter.
+        self.someone_pending = False
+        self.waiter_running = False
         self.cycles = 0
         self.inline_cycles = 0  # of them, run by a waiting thread
         self.inline_allowed = True  # False once a CUDA request was submitted
@@ -63,7 +63,9 @@ class CycleDriver:
         idle = self._cycle_time_s()
         while True:
             seen = self.cycles
-            self._sleep(self.pending_here, idle)
+            self._sleep(self.someone_pending, idle)
+            if self.waiter_running and not self._queued() and not self._stopping():
+                continue  # a waiter of this rank runs the rounds (see someone_pending)
             with self._lock:
                 if self.ended:
                     return
@@ -71,7 +73,7 @@ class CycleDriver:
                     # A waiting thread ran the cycles this wake-up was for; a round of ours
                     # now would only make the other ranks wait to pair with it.
                     continue
-                idle = self._cycle_time_s() if self.pending_here \
+                idle = self._cycle_time_s() if self.someone_pending \
                     else min(_IDLE_MAX_S, max(idle * 2, 1e-3))
                 if not self._cycle():
                     return
@@ -133,12 +135,14 @@ class CycleDriver:
         if not self._lock.acquire(blocking=False):
             self.wake()
             return
+        self.waiter_running = True
         try:
             while not handle.done() and not self.ended:
                 self.inline_cycles += 1
                 if not self._cycle():
                     break
         finally:
+            self.waiter_running = False
             self._lock.release()
         if self._queued() or self._stopping():
             self.wake()  # other threads' submissions, queued meanwhile

@@ -232,6 +232,7 @@ class Engine:
                 self._fail_now([request], f"process set {request.process_set_id} was removed")
                 continue
             state.negotiator.add(request)
+        someone_pending = False
         deadlock_s = self.config.deadlock_time_seconds
         stuck = deadlock_s > 0 and self.completion.idle_waiting_for() >= deadlock_s
         for state in sets:
@@ -244,6 +245,7 @@ class Engine:
                 setting = self.autotune.incoming(result.extra)
                 if setting is not None:
                     self._apply(setting)
+            someone_pending |= result.someone_pending
             if result.gave_up:
                 # Requests failed because some rank never submitted them: the ranks have
                 # drawn different numbers of unnamed names (one called a collective the
@@ -260,8 +262,7 @@ class Engine:
                 if not stopping:  # others stopped this engine; this rank may go on
                     self._peers_left = result.leaving_ranks
                 return True
-        self._driver.pending_here = any(state.negotiator is not None and state.negotiator.pending
-                                        for state in sets)
+        self._driver.someone_pending = someone_pending
         return False
 
     def _apply(self, setting: Setting) -> None:

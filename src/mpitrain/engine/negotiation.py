@@ -4,7 +4,7 @@ One round per cycle per process set, on a communicator used for nothing else:
 
 1. **Header** (one non-blocking AND-allreduce of a few words): the cache bits of this rank's
    pending repeats (AND: ready everywhere), stale cache bits (OR), and flags (OR: someone has
-   new requests to announce / is stopping / suspects a stall).  OR values
+   new requests to announce / is stopping / has pending work / suspects a stall).  OR values
    travel inverted so one AND-reduction carries both.  In steady-state training this is the
    whole exchange: a few hundred bytes however many tensors there are.
 2. **Announcements**, only when someone has new names: every rank's new (name, meta) pairs are
@@ -44,6 +44,7 @@ from .stalls import StallInspector, gather_pending
 # Flags carried in the OR word of the header.
 F_ANNOUNCE = 1
 F_STOP = 2
+F_PENDING = 4
 F_STALL = 8
 F_JOINED = 16
 _WORD = (1 << 64) - 1
@@ -80,6 +81,7 @@ class Response:
 class RoundResult:
     responses: list[Response]
     someone_stopping: bool
+    someone_pending: bool
     extra: np.ndarray | None = None  # the header's extra words, AND-reduced
     stopping_ranks: list[int] = field(default_factory=list)  # world ranks, when someone stops
     leaving_ranks: list[int] = field(default_factory=list)  # those of them that leave the job
@@ -163,6 +165,8 @@ class Negotiator:
             flags |= F_ANNOUNCE
         if stopping:
             flags |= F_STOP
+        if self.pending:
+            flags |= F_PENDING
         if self.stalls.due(self.pending):
             flags |= F_STALL
         hits = everything if self.locally_joined else _mask(self.hits)
@@ -208,7 +212,7 @@ class Negotiator:
         if flags_any & F_STOP:
             stopping_ranks, leaving_ranks = self._who_stops(2 if leaving and stopping
                                                             else int(stopping))
-        return RoundResult(responses, bool(flags_any & F_STOP),
+        return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING),
                            extra_out, stopping_ranks, leaving_ranks, gave_up)
 
     def _who_stops(self, code: int) -> tuple[list[int], list[int]]:
