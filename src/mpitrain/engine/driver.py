@@ -3,7 +3,7 @@
 A cycle (``Engine.run_cycle``) is one negotiation round per process set and the execution of
 what it decided.  Cycles run one at a time, under one lock, on whichever thread holds it:
 
-* the engine thread, woken by a submission or by its timer (see ``Engine.sleep``);
+* the engine thread, woken by a submission or by its timer (``CycleDriver._sleep``);
 * a thread that waits on a handle (``synchronize``) while no cycle is running: it runs the
   cycles itself until its request is done.  A synchronous call then costs no hand-over from
   the caller to the engine thread and back (two wake-ups and two passes of the GIL between
@@ -130,8 +130,7 @@ class CycleDriver:
         """
         if (not self.inline_allowed or self.ended or self.thread is None
                 or threading.current_thread() is self.thread):
-            self.wake()
-            return
+            return  # (a CUDA job's submissions wake the engine thread themselves)
         if not self._lock.acquire(blocking=False):
             self.wake()
             return
