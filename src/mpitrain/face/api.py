@@ -7,7 +7,8 @@ tensors (:mod:`mpitrain.face.tensor_ops`), and the names that exist only for tor
 (``TORCH_NAMES``: ``DistributedOptimizer``, ``broadcast_parameters``, ...) are loaded from the
 torch face when first used, so a numpy-only environment runs ``hvd.init()`` and
 ``hvd.allreduce`` without torch installed.  Add a public name here, import and ``__all__``
-both (or a ``TORCH_NAMES`` row); the package root needs no edit.  The path of a gradient
+both (or a ``TORCH_NAMES`` row; a rank or build query goes in :mod:`mpitrain.core.queries`,
+which every face shares); the package root needs no edit.  The path of a gradient
 continues in ``torch/optimizer.py``, then ``engine/``, then ``ops/``.
 """
 
@@ -43,29 +44,12 @@ from ..collectives import (
     synchronize,
 )
 from ..compression import Compression
+from ..core import queries
 from ..core.dtypes import ReduceOp
 from ..core.errors import HorovodInternalError, MpitrainInternalError
 from ..core.process_sets import ProcessSet, global_process_set
-from ..core.runtime import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    is_homogeneous,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    size,
-)
+from ..core.queries import *  # noqa: F403 - the rank and build queries: queries.__all__
+from ..core.runtime import is_homogeneous
 from ..core.version import __version__
 from ..session import add_process_set, init, remove_process_set, shutdown
 from .tensor_ops import (
@@ -94,6 +78,7 @@ TORCH_NAMES = {
 }
 
 __all__ = [
+    *queries.__all__,
     "Adasum",
     "Average",
     "Compression",
@@ -123,14 +108,7 @@ __all__ = [
     "broadcast_async",
     "broadcast_async_",
     "broadcast_object",
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
     "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
     "grouped_allgather",
     "grouped_allgather_async",
     "grouped_allreduce",
@@ -141,22 +119,12 @@ __all__ = [
     "grouped_reducescatter_async",
     "init",
     "is_homogeneous",
-    "is_initialized",
     "join",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
     "poll",
-    "rank",
     "reducescatter",
     "reducescatter_async",
     "remove_process_set",
-    "rocm_built",
     "shutdown",
-    "size",
     "start_timeline",
     "stop_timeline",
     "synchronize",

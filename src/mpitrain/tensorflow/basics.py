@@ -1,9 +1,10 @@
 """What every TensorFlow face (``mpitrain.tensorflow``, ``.tensorflow.keras``, ``mpitrain.keras``)
 exports alike: ``init`` (mpitrain's, plus TensorFlow's share of the CPU cores), ``shutdown``,
-the global process set and Horovod's rank and build queries.
+the global process set and Horovod's rank and build queries (:mod:`mpitrain.core.queries`,
+which the hvd face shares).
 
 Each face takes these with ``from .basics import *`` and lists ``basics.__all__`` in its own
-``__all__``, so a query added here reaches all three faces and they cannot drift apart.
+``__all__``, so a name added here reaches all three faces and they cannot drift apart.
 """
 
 from __future__ import annotations
@@ -15,27 +16,9 @@ from typing import Any
 import tensorflow as tf
 
 from .. import session
-from ..core import runtime
+from ..core import queries, runtime
 from ..core.process_sets import ProcessSet, global_process_set
-from ..core.runtime import (
-    ccl_built,
-    cross_rank,
-    cross_size,
-    cuda_built,
-    ddl_built,
-    gloo_built,
-    gloo_enabled,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    nccl_built,
-    rank,
-    rocm_built,
-    size,
-)
+from ..core.queries import *  # noqa: F403 - the rank and build queries: queries.__all__
 from ..session import shutdown
 
 
@@ -55,24 +38,8 @@ def init(comm: Any = None, process_sets: Sequence[ProcessSet] | str | None = Non
 
 
 __all__ = [
-    "ccl_built",
-    "cross_rank",
-    "cross_size",
-    "cuda_built",
-    "ddl_built",
+    *queries.__all__,
     "global_process_set",
-    "gloo_built",
-    "gloo_enabled",
     "init",
-    "is_initialized",
-    "local_rank",
-    "local_size",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
-    "nccl_built",
-    "rank",
-    "rocm_built",
     "shutdown",
-    "size",
 ]

@@ -2,26 +2,16 @@
 
 The collectives live in :mod:`.reduce_ops`, :mod:`.gather_ops`, :mod:`.broadcast_ops` and
 :mod:`.info_ops` (one file per family, each with its gradients); this module gathers them under
-the module name Horovod users know.
+the module name Horovod users know, with the queries every TensorFlow face shares
+(:mod:`.basics`; Horovod's ``mpi_ops`` has its build queries too).
 """
 
 from ..collectives import Adasum, Average, Max, Min, Product, Sum, join
-from ..core.process_sets import ProcessSet, global_process_set
-from ..core.runtime import (
-    cross_rank,
-    cross_size,
-    is_initialized,
-    local_rank,
-    local_size,
-    mpi_built,
-    mpi_enabled,
-    mpi_threads_supported,
-    rank,
-    size,
-)
-from ..session import add_process_set, remove_process_set, shutdown
+from ..core.process_sets import ProcessSet
+from ..session import add_process_set, remove_process_set
+from . import basics
 from ._support import set_rank, set_size
-from .basics import init
+from .basics import *  # noqa: F403 - init, shutdown and the queries: basics.__all__
 from .broadcast_ops import broadcast, grouped_broadcast
 from .functions import broadcast_
 from .gather_ops import allgather, alltoall, grouped_allgather
@@ -29,6 +19,7 @@ from .info_ops import local_rank_op, local_size_op, process_set_included_op, ran
 from .reduce_ops import allreduce, grouped_allreduce, grouped_reducescatter, reducescatter
 
 __all__ = [
+    *basics.__all__,
     "Adasum",
     "Average",
     "Max",
@@ -42,31 +33,18 @@ __all__ = [
     "alltoall",
     "broadcast",
     "broadcast_",
-    "cross_rank",
-    "cross_size",
-    "global_process_set",
     "grouped_allgather",
     "grouped_allreduce",
     "grouped_broadcast",
     "grouped_reducescatter",
-    "init",
-    "is_initialized",
     "join",
-    "local_rank",
     "local_rank_op",
-    "local_size",
     "local_size_op",
-    "mpi_built",
-    "mpi_enabled",
-    "mpi_threads_supported",
     "process_set_included_op",
-    "rank",
     "rank_op",
     "reducescatter",
     "remove_process_set",
     "set_rank",
     "set_size",
-    "shutdown",
-    "size",
     "size_op",
 ]
