@@ -106,6 +106,7 @@ class _Started:
     advanced: bool = False
 
 
+@dataclass(eq=False, repr=False)
 class PowerSGD(GradientReducer):
     """Low-rank gradient compression (see the module docstring).
 
@@ -123,28 +124,29 @@ class PowerSGD(GradientReducer):
             ``batch_tensors_with_same_shape``; see the module docstring).
     """
 
-    def __init__(self, rank: int = 1, start_iter: int = 1000, min_compression_rate: float = 2,
-                 use_error_feedback: bool = True, warm_start: bool = True,
-                 orthogonalization_epsilon: float = 0.0, seed: int = 0,
-                 batch_same_shape: bool = False) -> None:
+    # The settings, in the order (and with the defaults) of Compression.powersgd's arguments.
+    # A dataclass without eq, so that two reducers stay distinct (and hashable) as any object.
+    rank: int = 1
+    start_iter: int = 1000
+    min_compression_rate: float = 2
+    use_error_feedback: bool = True
+    warm_start: bool = True
+    orthogonalization_epsilon: float = 0.0
+    seed: int = 0
+    batch_same_shape: bool = False
+
+    def __post_init__(self) -> None:
         super().__init__()
-        if not isinstance(rank, int) or isinstance(rank, bool) or rank < 1:
-            raise ValueError(f"PowerSGD rank must be a positive integer, got {rank!r}")
-        if (use_error_feedback or warm_start) and start_iter <= 1:
-            raise ValueError(f"PowerSGD start_iter must be > 1 with error feedback or warm "
-                             f"start (the first steps fill their memory), got {start_iter!r}")
-        if min_compression_rate <= 0:
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise ValueError(f"PowerSGD rank must be a positive integer, got {self.rank!r}")
+        if (self.use_error_feedback or self.warm_start) and self.start_iter <= 1:
+            raise ValueError(f"PowerSGD start_iter must be > 1 with error feedback or warm start "
+                             f"(the first steps fill their memory), got {self.start_iter!r}")
+        if self.min_compression_rate <= 0:
             raise ValueError(f"min_compression_rate must be positive, got "
-                             f"{min_compression_rate!r}")
-        self.rank = rank
-        self.start_iter = start_iter
-        self.min_compression_rate = min_compression_rate
-        self.use_error_feedback = use_error_feedback
-        self.warm_start = warm_start
-        self.epsilon = orthogonalization_epsilon
-        self.seed = seed
-        self.batch_same_shape = bool(batch_same_shape)
-        self.rng = np.random.RandomState(seed)
+                             f"{self.min_compression_rate!r}")
+        self.batch_same_shape = bool(self.batch_same_shape)
+        self.rng = np.random.RandomState(self.seed)
         self.iter = 0
         self.errors: dict[str, list[torch.Tensor]] = {}
         self.p_memory: dict[str, torch.Tensor] = {}
@@ -221,7 +223,7 @@ class PowerSGD(GradientReducer):
             return
         self.wait(started.p_handle)
         for p in started.ps:
-            orthogonalize(p, self.epsilon)
+            orthogonalize(p, self.orthogonalization_epsilon)
         for m, p, q in zip(started.ordered, started.ps, started.qs):
             torch.bmm(m.transpose(1, 2), p, out=q)
         started.q_handle = self.allreduce_sum_async([self.q_memory[started.key]],
@@ -317,10 +319,10 @@ class PowerSGD(GradientReducer):
                 torch.manual_seed(self.rng.randint(1_000_000_000))
                 for q in qs:
                     q.copy_(torch.randn(*q.shape, device="cpu", dtype=dtype))
-                    orthogonalize(q, self.epsilon)
+                    orthogonalize(q, self.orthogonalization_epsilon)
         else:
             for q in qs:
-                orthogonalize(q, self.epsilon)
+                orthogonalize(q, self.orthogonalization_epsilon)
         return ordered, stacked_from, ps, qs
 
     def _stacked(self, groups: list[list[torch.Tensor]], key: str) -> tuple[
