@@ -229,3 +229,48 @@ def test_asynchronous_calls_still_overlap_on_the_engine_thread(hvd):
         time.sleep(0.001)  # not a wait: nothing runs the cycles here
     assert hvd.poll(handle), "the engine thread did not run an async request on its own"
     assert torch.all(hvd.synchronize(handle) == SIZE)
+
+
+def test_small_repeated_allreduces_ride_the_round_with_the_reference_s_bits(hvd):
+    """A small cached CPU allreduce travels in the negotiation round (engine/header.py): no
+    collective of its own, and every rank gets the reference's rank-order result."""
+    from mpitrain.ops import reference
+
+    cases = [("float32", hvd.Sum, 1.0, 1.0), ("float64", hvd.Average, 2.0, 0.5),
+             ("int64", hvd.Max, 1.0, 1.0), ("float16", hvd.Sum, 0.5, 3.0),
+             ("float32", hvd.Min, 1.0, 1.0), ("bfloat16", hvd.Average, 1.0, 1.0)]
+
+    def inputs(rank, i, dtype):
+        return torch.arange(6, dtype=torch.float64).mul(rank + 1).add(0.3 * i).to(
+            getattr(torch, dtype))
+
+    for repeat in range(3):
+        before = stats(hvd)
+        for i, (dtype, op, pre, post) in enumerate(cases):
+            out = hvd.allreduce(inputs(RANK, i, dtype), op=op, name=f"ride.{i}",
+                                prescale_factor=pre, postscale_factor=post)
+            everyone = [inputs(r, i, dtype) for r in range(SIZE)]
+            storage = [(t.view(torch.int16) if dtype == "bfloat16" else t).numpy()
+                       for t in everyone]
+            plain, post_sum = (hvd.Sum, post / SIZE) if op == hvd.Average else (op, post)
+            want = reference.reduce(storage, dtype, plain, pre, post_sum)
+            got = (out.view(torch.int16) if dtype == "bfloat16" else out).numpy()
+            if repeat == 0 or SIZE == 1:  # announced: the data plane's order (MPI's own)
+                assert torch.allclose(out.double(), torch.from_numpy(
+                    want.astype(got.dtype)).view(out.dtype).double(), rtol=1e-2)
+            else:
+                assert got.tobytes() == want.astype(got.dtype).tobytes(), (dtype, op, repeat)
+        after = stats(hvd)
+        if repeat > 0 and SIZE > 1:  # cached from the first repeat on
+            assert after["rode_in_round"] - before["rode_in_round"] == len(cases)
+            assert after["collectives"] == before["collectives"]
+    # A large one beside a small one: the small rides, the large takes the data plane.
+    for _ in range(2):
+        before = stats(hvd)
+        small = hvd.allreduce_async(torch.ones(2), op=hvd.Sum, name="ride.small")
+        large = hvd.allreduce_async(torch.ones(5000), op=hvd.Sum, name="ride.large")
+        assert torch.all(hvd.synchronize(small) == SIZE)
+        assert torch.all(hvd.synchronize(large) == SIZE)
+    if SIZE > 1:
+        assert stats(hvd)["rode_in_round"] > before["rode_in_round"]
+        assert stats(hvd)["collectives"] > before["collectives"]

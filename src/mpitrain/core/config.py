@@ -120,6 +120,7 @@ class Config:
     fusion_threshold: int = 64 * MiB
     cycle_time_ms: float = 1.0
     cache_capacity: int = 1024
+    round_ride_bytes: int = 256
     timeline: str = ""
     timeline_mark_cycles: bool = False
     stall_check_disable: bool = False
@@ -172,6 +173,10 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("cache_capacity", "MPITRAIN_CACHE_CAPACITY", _parse_nonneg_int,
              "Negotiated requests remembered so that repeats skip the full exchange; 0 disables.",
              ("HOROVOD_CACHE_CAPACITY",)),
+    Variable("round_ride_bytes", "MPITRAIN_ROUND_RIDE_BYTES", _parse_nonneg_int,
+             "Bytes per rank of small repeated CPU allreduces carried in the negotiation round "
+             "itself (sets of up to 8 ranks), which then needs no collective of its own; 0 "
+             "disables."),
     Variable("timeline", "MPITRAIN_TIMELINE", _parse_str,
              "Path of a Chrome-trace JSON file written by rank 0.", ("HOROVOD_TIMELINE",)),
     Variable("timeline_mark_cycles", "MPITRAIN_TIMELINE_MARK_CYCLES", _parse_bool,
@@ -330,10 +335,10 @@ def load(environ: Mapping[str, str] | None = None, **overrides: Any) -> Config:
 # setting exported in one shell
 # can reach some ranks and not others.
 MUST_AGREE: tuple[str, ...] = (
-    "fusion_threshold", "cache_capacity", "allreduce_algorithm", "allreduce_calibrate",
-    "hierarchical_pipeline", "hierarchical_half_duplex", "adasum_hierarchical",
-    "allreduce_streams", "deterministic", "local_size", "elastic_min_np",
-    "elastic_reset_limit")
+    "fusion_threshold", "cache_capacity", "round_ride_bytes", "allreduce_algorithm",
+    "allreduce_calibrate", "hierarchical_pipeline", "hierarchical_half_duplex",
+    "adasum_hierarchical", "allreduce_streams", "deterministic", "local_size",
+    "elastic_min_np", "elastic_reset_limit")
 
 
 def disagreements(per_rank: Sequence[Sequence[Any]]) -> list[str]:

@@ -361,6 +361,7 @@ class Engine:
             "rounds": state.negotiator.rounds,
             "announcement_rounds": state.negotiator.announcement_rounds,
             "collectives": state.executor.collectives,
+            "rode_in_round": state.negotiator.wire.rode,
             "fused_tensors": state.executor.fused_tensors,
             "zero_copy_buckets": state.executor.zero_copy_buckets,
             "cached": len(state.negotiator.cache),

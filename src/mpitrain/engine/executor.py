@@ -19,17 +19,10 @@ from ..core.dtypes import STORAGE, ReduceOp
 from .device import DeviceLayer, is_cuda
 from .fusion import Piece, plan
 from .negotiation import Response
-from .request import Entry, Kind, Request, RequestMeta
+from .request import Entry, Kind, Request, RequestMeta, average_as_sum
 from .timeline import Timeline
 
 _OP_OF = {int(o): o for o in ReduceOp}  # a dict lookup instead of Enum.__call__ per tensor
-
-
-def average_as_sum(op: ReduceOp, postscale: float, size: int) -> tuple[ReduceOp, float]:
-    """The data plane only sums: an average is a sum scaled by 1/size after."""
-    if op == ReduceOp.AVERAGE:
-        return ReduceOp.SUM, postscale / size
-    return op, postscale
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
@@ -105,7 +98,9 @@ class Executor:
         reductions: dict[Any, ops.Reduction] = {}  # one per fusion key, made once a round
         for resp in responses:
             kind = resp.kind
-            if kind == Kind.ALLREDUCE:
+            if kind == Kind.ALLREDUCE and resp.reduced is not None:
+                self._rode(resp)
+            elif kind == Kind.ALLREDUCE:
                 request, meta = resp.request, resp.meta
                 entries = request.entries if request is not None else _zeros_entries(meta)
                 # The one place an allreduce's Average becomes a Sum and a postscale.
@@ -196,6 +191,15 @@ class Executor:
             self._span(bucket, "ALLREDUCE", packed, reduced,
                        {"bucket_bytes": total, "tensors": len(bucket)})
             self._span(bucket, "MEMCPY_OUT_FUSION_BUFFER", reduced, done)
+
+    def _rode(self, resp: Response) -> None:
+        """A small allreduce the round reduced already (.header): only its output to fill."""
+        assert resp.request is not None and resp.reduced is not None
+        output = resp.request.entries[0].output
+        assert output is not None
+        started = time.monotonic()
+        _flat(output)[...] = resp.reduced.reshape(-1)
+        self._span_request(resp, "ALLREDUCE_IN_ROUND", started, time.monotonic())
 
     # -------------------------------------------------------------------------- broadcast
     def _broadcast(self, bucket: list[Piece]) -> None:

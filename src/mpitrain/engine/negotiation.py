@@ -32,11 +32,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from mpi4py import MPI
 
 from ..core.config import Config
 from ..core.errors import ranks_text
 from .cache import ResponseCache
+from .header import Header, RoundWire
 from .mpi_wait import wait_for
 from .request import Kind, Request, RequestMeta, describe_mismatch, refused_because
 from .stalls import StallInspector, gather_pending
@@ -47,8 +47,6 @@ F_STOP = 2
 F_PENDING = 4
 F_STALL = 8
 F_JOINED = 16
-_WORD = (1 << 64) - 1
-_ALL_ONES_BYTES = b"\xff" * 8
 
 UNCACHED_KINDS = (Kind.JOIN, Kind.ADD_SET, Kind.REMOVE_SET)
 # Kind(value) goes through Enum.__call__ (~0.5 us); the engine asks a response's kind several
@@ -70,6 +68,7 @@ class Response:
     joined: frozenset[int] = frozenset()
     from_table: bool = False
     last_joined: int = -1
+    reduced: np.ndarray | None = None  # a small allreduce's result, computed in the round
     decided_at: float = field(default_factory=time.monotonic)
 
     @property
@@ -109,6 +108,9 @@ class Negotiator:
         self.table: dict[str, dict[int, RequestMeta]] = {}
         self.joined: list[int] = []  # ranks of the set, in the order they joined
         self.stalls = StallInspector.for_config(self.rank, config)
+        # The deterministic designs define a reduction's bits: nothing rides there.
+        self.wire = RoundWire(comm, self.cache, extra_words,
+                              0 if config.deterministic else config.round_ride_bytes)
         self.rounds = 0
         self.announcement_rounds = 0
 
@@ -124,6 +126,7 @@ class Negotiator:
                 _, cached_meta = cached
                 if cached_meta == request.meta():
                     self.hits[bit] = request
+                    self.wire.offer(bit, request)
                     return
                 # Same name, different shape/dtype/...: everyone must forget this bit.
                 self.stale.add(bit)
@@ -156,10 +159,6 @@ class Negotiator:
         """
         self.rounds += 1
         nbits = self.cache.num_bits
-        width = (nbits + 63) // 64 * 8  # bytes of one bit field
-        everything = (1 << (8 * width)) - 1
-        # The header is built and read as Python integers (a few dozen nanoseconds each) and
-        # crosses the wire as one buffer: this round is paid on every synchronous call.
         flags = 0
         if self.unannounced:
             flags |= F_ANNOUNCE
@@ -169,24 +168,12 @@ class Negotiator:
             flags |= F_PENDING
         if self.stalls.due(self.pending):
             flags |= F_STALL
-        hits = everything if self.locally_joined else _mask(self.hits)
-        tail = b""
-        if self.extra_words:
-            tail = (_ALL_ONES_BYTES * self.extra_words if extra is None
-                    else np.asarray(extra, dtype="<u8").tobytes())
-        raw = bytearray(hits.to_bytes(width, "little")
-                        + (everything ^ _mask(self.stale)).to_bytes(width, "little")
-                        + (_WORD ^ flags).to_bytes(8, "little")
-                        + (1 if stuck and self.pending else 0).to_bytes(8, "little") + tail)
-        header = np.frombuffer(raw, dtype="<u8")
-
-        req = self.comm.Iallreduce(MPI.IN_PLACE, header, op=MPI.BAND)
-        wait_for(req, self.stalls.report_slow_round, self.stalls.slow_round_after)
-
-        ready_everywhere = int.from_bytes(raw[:width], "little")
-        stale_anywhere = everything ^ int.from_bytes(raw[width:2 * width], "little")
-        flags_any = _WORD ^ int.from_bytes(raw[2 * width:2 * width + 8], "little")
-        everyone_stuck_word = raw[2 * width + 8:2 * width + 16] != bytes(8)
+        hits = (1 << nbits) - 1 if self.locally_joined else _mask(self.hits)
+        mine = Header(hits, _mask(self.stale), flags, stuck and bool(self.pending), extra)
+        # Read before the eviction below: ride areas name their inputs by the bits they had.
+        theirs, rode = self.wire.exchange(mine, self.hits, lambda req: wait_for(
+            req, self.stalls.report_slow_round, self.stalls.slow_round_after))
+        ready_everywhere, stale_anywhere, flags_any, everyone_stuck_word = theirs[:4]
 
         self._evict(stale_anywhere, nbits)
         # Ranks that set every bit in this header: those joined before this round.
@@ -195,7 +182,7 @@ class Negotiator:
         if flags_any & F_ANNOUNCE or stale_anywhere:
             self._exchange_announcements()
         responses.extend(self._cached_ready(ready_everywhere & ~stale_anywhere, nbits,
-                                            joined_before))
+                                            joined_before, rode))
         responses.extend(self._table_ready())
         # Decided on the same facts everywhere (the stall inspector's failures are not).
         everyone_stuck = everyone_stuck_word and not responses
@@ -206,14 +193,13 @@ class Negotiator:
         if everyone_stuck:
             responses.extend(self._break_deadlock())
             gave_up = True
-        extra_out = header[2 * width // 8 + 2:].astype(np.uint64) if self.extra_words else None
         stopping_ranks: list[int] = []
         leaving_ranks: list[int] = []
         if flags_any & F_STOP:
             stopping_ranks, leaving_ranks = self._who_stops(2 if leaving and stopping
                                                             else int(stopping))
         return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING),
-                           extra_out, stopping_ranks, leaving_ranks, gave_up)
+                           theirs.extra, stopping_ranks, leaving_ranks, gave_up)
 
     def _who_stops(self, code: int) -> tuple[list[int], list[int]]:
         """The world ranks that asked to stop in this round, and those of them that leave the
@@ -246,8 +232,8 @@ class Negotiator:
                 if meta.kind == Kind.JOIN and rank not in self.joined:
                     self.joined.append(rank)
 
-    def _cached_ready(self, ready: int, nbits: int,
-                      joined: frozenset[int]) -> list[Response]:
+    def _cached_ready(self, ready: int, nbits: int, joined: frozenset[int],
+                      rode: dict[int, np.ndarray]) -> list[Response]:
         out = []
         for bit in _set_bits(ready, nbits):
             cached = self.cache.entry(bit)
@@ -257,9 +243,10 @@ class Negotiator:
             request = self.hits.pop(bit, None)
             if request is not None:
                 self.pending.pop(name, None)
+                self.wire.done(bit)
             error = self._joined_error(name, meta, joined)
             out.append(Response(name, meta, request, error=error, mismatch=error is not None,
-                                joined=joined))
+                                joined=joined, reduced=rode.get(bit)))
         return out
 
     def _table_ready(self) -> list[Response]:

@@ -54,6 +54,13 @@ def is_generated(name: str) -> bool:
     return _GENERATED_NAME.fullmatch(name) is not None
 
 
+def average_as_sum(op: ReduceOp, postscale: float, size: int) -> tuple[ReduceOp, float]:
+    """The data plane only sums: an average is a sum scaled by 1/size after."""
+    if op == ReduceOp.AVERAGE:
+        return ReduceOp.SUM, postscale / size
+    return op, postscale
+
+
 # Ops whose first dimension may differ between ranks (only the rest is negotiated).
 _RAGGED = (Kind.ALLGATHER, Kind.ALLTOALL)
 
