@@ -235,12 +235,17 @@ class Engine:
         someone_pending = False
         deadlock_s = self.config.deadlock_time_seconds
         stuck = deadlock_s > 0 and self.completion.idle_waiting_for() >= deadlock_s
+        # Work pending in a smaller set still needs every cycle's global round from all
+        # ranks: the idle ones must keep cycling at the cycle time, not back off.
+        elsewhere = any(s.negotiator.pending for s in sets
+                        if s.id != GLOBAL_SET_ID and s.negotiator is not None)
         for state in sets:
             if state.negotiator is None or state.id not in self._sets.states:
                 continue
             is_global = state.id == GLOBAL_SET_ID
             result = state.negotiator.round(stopping, stuck, self.autotune.outgoing()
-                                            if is_global else None, self._leaving)
+                                            if is_global else None, self._leaving,
+                                            is_global and elsewhere)
             if is_global and result.extra is not None:
                 setting = self.autotune.incoming(result.extra)
                 if setting is not None:

@@ -148,10 +148,12 @@ class Negotiator:
         return self.rank in self.joined
 
     # ------------------------------------------------------------------------ the round
-    def round(self, stopping: bool, stuck: bool = False,
-              extra: np.ndarray | None = None, leaving: bool = False) -> RoundResult:
+    def round(self, stopping: bool, stuck: bool = False, extra: np.ndarray | None = None,
+              leaving: bool = False, busy_elsewhere: bool = False) -> RoundResult:
         """Run one negotiation round; ``stuck``: this process has waited, idle, too long;
-        ``leaving``: this rank stops to leave the job (its program ends), not to rebuild it.
+        ``leaving``: this rank stops to leave the job (its program ends), not to rebuild it;
+        ``busy_elsewhere``: this rank has requests pending in another process set, whose
+        cycles need this set's rounds from every member (it then counts as pending here).
 
         ``extra``: this rank's ``extra_words`` words for the header's tail, AND-reduced like
         the rest and returned in the result (autotune's channel, :mod:`.autotune_sync`);
@@ -164,7 +166,7 @@ class Negotiator:
             flags |= F_ANNOUNCE
         if stopping:
             flags |= F_STOP
-        if self.pending:
+        if self.pending or busy_elsewhere:
             flags |= F_PENDING
         if self.stalls.due(self.pending):
             flags |= F_STALL
