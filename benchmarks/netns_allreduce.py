@@ -33,7 +33,8 @@ MPI into a fresh ``np.empty`` each call 0.6 ms).
 as ``Compression.fp16`` sends gradients; their "vs MPI" compares with MPI's float32 Allreduce
 of the same elements, what a user who turns compression on gains.
 
-Output: per size, the median time of each contender, its algbw and busbw (nccl-tests: algbw
+Output: per size, the median over every timed call (each call's time is its slowest rank's)
+of each contender, its algbw and busbw (nccl-tests: algbw
 = S/t, busbw = algbw * 2(p-1)/p) and its time relative to MPI's; then, per size, which of ring
 and hierarchical was faster and how close ``auto`` came to it (``auto`` leaves messages below
 its measured crossover to MPI's own allreduce, and from there, across nodes, times MPI's own,
@@ -106,8 +107,10 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
                   *([FUNCTIONAL_FP16] if fp16 else [])]
 
     def record(name: str, s: float, times: list[float]) -> None:
-        slowest = world.allreduce(max(times), op=MPI.MAX)  # a collective ends at its slowest
-        results.setdefault(name, {}).setdefault(str(s), []).append(slowest)
+        # A collective ends at its slowest rank: each call's time is its slowest rank's.
+        slowest = np.empty(len(times))
+        world.Allreduce(np.array(times), slowest, op=MPI.MAX)
+        results.setdefault(name, {}).setdefault(str(s), []).extend(slowest.tolist())
 
     link = None
     hvd.init()
@@ -182,7 +185,7 @@ def report(data: dict, shaped: dict[str, str]) -> str:
         for n in names:
             # algbw in the float32 bytes the user reduces, so fp16 rows show the gain.
             algbw = nbytes / medians[n] / 1e9
-            lines.append(f"{float(s):>6g}MiB {n:>13} {medians[n] * 1e3:>10.1f} {algbw:>11.3f} "
+            lines.append(f"{float(s):>6g}MiB {n:>13} {medians[n] * 1e3:>10.3f} {algbw:>11.3f} "
                          f"{algbw * 2 * (p - 1) / p:>11.3f} "
                          f"{medians['mpi'] / medians[n]:>6.2f}x")
         best = min(("ring", "hierarchical"), key=lambda n: medians[n])
