@@ -78,7 +78,7 @@ def test_every_rank_reduces_the_gathered_inputs_as_the_reference_does():
     areas = _areas(wires, per_rank)
     ready = sum(1 << b for b in bits.values())
     results = [wire.reduced(areas, ready) for wire in wires]
-    for name, dtype, op, pre, post in cases:
+    for name, _dtype, op, pre, post in cases:
         inputs = [per_rank[r][bits[name]].entries[0].input for r in range(size)]
         plain_op, post_as_sum = (ReduceOp.SUM, post / size) if op == ReduceOp.AVERAGE \
             else (op, post)
