@@ -9,7 +9,7 @@ import pytest
 
 from mpitrain.core.dtypes import ReduceOp
 from mpitrain.engine.cache import ResponseCache
-from mpitrain.engine.header import RIDE_MAX_RANKS, RoundWire, can_ride
+from mpitrain.engine.header import RoundWire, can_ride
 from mpitrain.engine.request import Entry, Kind, Request
 from mpitrain.ops import reference
 
@@ -60,8 +60,8 @@ def test_only_small_single_cpu_elementwise_allreduces_ride():
     assert not can_ride(_request("a", np.ones(4, np.float32), device="cuda"), 256)
 
 
-def test_every_rank_reduces_the_gathered_inputs_as_the_reference_does():
-    size = 3
+def test_both_ranks_reduce_the_gathered_inputs_as_the_reference_does():
+    size = 2
     cache, wires = _ranks(size)
     cases = [("sum", np.float32, ReduceOp.SUM, 1.0, 1.0),
              ("avg", np.float64, ReduceOp.AVERAGE, 2.0, 1.0),
@@ -137,8 +137,10 @@ def test_a_burst_of_many_small_tensors_is_left_to_fusion():
     assert _areas(wires[:1], [hits])[0] == bytes(256)
 
 
-@pytest.mark.parametrize("size", [1, RIDE_MAX_RANKS + 1])
-def test_sets_of_one_or_of_many_ranks_and_a_zero_area_do_not_gather(size):
+@pytest.mark.parametrize("size", [1, 3, 8])
+def test_only_sets_of_two_ranks_with_an_area_gather(size):
+    """From three ranks a floating-point sum's bits depend on the order: riding (rank order)
+    and the data plane (MPI's order) could give one tensor different results."""
     assert not RoundWire(_Comm(size), ResponseCache(4), 0, 256).gathers
     assert not RoundWire(_Comm(2), ResponseCache(4), 0, 0).gathers
     assert RoundWire(_Comm(2), ResponseCache(4), 0, 256).gathers

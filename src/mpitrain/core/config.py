@@ -175,7 +175,7 @@ VARIABLES: tuple[Variable, ...] = (
              ("HOROVOD_CACHE_CAPACITY",)),
     Variable("round_ride_bytes", "MPITRAIN_ROUND_RIDE_BYTES", _parse_nonneg_int,
              "Bytes per rank of small repeated CPU allreduces carried in the negotiation round "
-             "itself (sets of up to 8 ranks), which then needs no collective of its own; 0 "
+             "itself (sets of two ranks), which then needs no collective of its own; 0 "
              "disables."),
     Variable("timeline", "MPITRAIN_TIMELINE", _parse_str,
              "Path of a Chrome-trace JSON file written by rank 0.", ("HOROVOD_TIMELINE",)),

@@ -4,15 +4,22 @@ Every round each rank of a set sends one header (:mod:`.negotiation` says what i
 mean): its cache hits and the stuck word, AND-reduced; its stale bits and flags, OR-reduced,
 travelling inverted so that one AND carries both; autotune's extra words, AND-reduced.
 
-Up to :data:`RIDE_MAX_RANKS` ranks the headers are all-gathered instead, each followed by a
-*ride area* of ``MPITRAIN_ROUND_RIDE_BYTES`` (default 256): the inputs of this rank's
-pending small CPU allreduces that are cached (every rank knows their metas, so the bytes
-need no description beyond their cache bits).  A small allreduce whose input rode on every
-rank is reduced by each rank from the gathered inputs, in rank order, exactly as
-:func:`mpitrain.ops.reference.reduce` defines it: the same bits on every rank, and nothing
-left for the data plane.  A lone small allreduce across nodes then costs one round trip
-instead of two (the round's and MPI's own).  ``MPITRAIN_DETERMINISTIC`` turns riding off:
-its designs define the bits.
+In a set of two ranks the headers are all-gathered instead, each followed by a *ride area*
+of ``MPITRAIN_ROUND_RIDE_BYTES`` (default 256): the inputs of this rank's pending small CPU
+allreduces that are cached (every rank knows their metas, so the bytes need no description
+beyond their cache bits).  A small allreduce whose input rode on both ranks is reduced by
+each from the gathered inputs, exactly as :func:`mpitrain.ops.reference.reduce` defines it:
+the same bits on both, and nothing left for the data plane.  A lone small allreduce between
+two nodes then costs one round trip instead of two (the round's and MPI's own): 0.13 ms
+instead of 0.16-0.18 ms across two namespace hosts (MPI's own 0.015 ms).
+
+Why two ranks only: between two ranks every elementwise reduction is one operation, which
+commutes, so a tensor gets the same bits whether it rode or was left to the data plane (too
+many at once, a full area), as bit-for-bit resumption and equal results for a tensor alone or
+fused need.  From three ranks a floating-point sum depends on the order (rank order here,
+MPI's own order there), and all-gathering the headers cost 30-75 us more per round than
+AND-reducing them across two hosts x two ranks.  ``MPITRAIN_DETERMINISTIC`` turns riding
+off: its designs define the bits.
 
 A ride area: a 32-bit count ``n``, ``n`` 32-bit cache bits, then the inputs, back to back in
 that order.  Who packed what is read from the areas themselves, so a rank whose area was full
@@ -33,7 +40,7 @@ from ..ops import reference
 from .cache import ResponseCache
 from .request import Kind, Request, average_as_sum
 
-RIDE_MAX_RANKS = 8  # sets up to this size gather their headers (and ride); larger ones AND
+RIDE_RANKS = 2  # the set size whose rounds gather their headers (and ride); others AND them
 _COUNT = np.dtype("<u4")
 _WORD = (1 << 64) - 1
 _MAX_RIDERS = 16  # more pending at once: a burst of gradients, left to fusion
@@ -74,7 +81,7 @@ class RoundWire:
         self.extra_words = extra_words
         self.size = comm.Get_size()
         self.area_bytes = area_bytes
-        self.gathers = area_bytes > 0 and 1 < self.size <= RIDE_MAX_RANKS
+        self.gathers = area_bytes > 0 and self.size == RIDE_RANKS
         self.riders: dict[int, Request] = {}  # cache bit -> pending hit that may ride
         self.rode = 0  # allreduces finished in the round, for tests and the benchmarks
 
@@ -210,4 +217,4 @@ def _input_bytes(cache: ResponseCache, bit: int) -> int:
     return math.prod(shape) * STORAGE[dtype].itemsize
 
 
-__all__ = ["RIDE_MAX_RANKS", "Header", "RoundWire", "can_ride"]
+__all__ = ["RIDE_RANKS", "Header", "RoundWire", "can_ride"]
