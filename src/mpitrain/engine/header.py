@@ -108,18 +108,16 @@ class RoundWire:
         if self.extra_words:
             tail = (_ALL_ONES_BYTES * self.extra_words if mine.extra is None
                     else np.asarray(mine.extra, dtype="<u8").tobytes())
-        raw = (mine.hits.to_bytes(width, "little")
-               + (everything ^ mine.stale).to_bytes(width, "little")
-               + (_WORD ^ mine.flags).to_bytes(8, "little")
-               + int(mine.stuck).to_bytes(8, "little") + tail)
+        raw = bytearray(mine.hits.to_bytes(width, "little")
+                        + (everything ^ mine.stale).to_bytes(width, "little")
+                        + (_WORD ^ mine.flags).to_bytes(8, "little")
+                        + int(mine.stuck).to_bytes(8, "little") + tail)
         areas: list[bytes] = []
         if self.gathers:
             raw, areas = self._gather(raw, hits, wait)
         else:
-            words = bytearray(raw)
-            wait(self.comm.Iallreduce(MPI.IN_PLACE, np.frombuffer(words, dtype="<u8"),
+            wait(self.comm.Iallreduce(MPI.IN_PLACE, np.frombuffer(raw, dtype="<u8"),
                                       op=MPI.BAND))
-            raw = bytes(words)
         ready = int.from_bytes(raw[:width], "little")
         stale = everything ^ int.from_bytes(raw[width:2 * width], "little")
         flags = _WORD ^ int.from_bytes(raw[2 * width:2 * width + 8], "little")
@@ -128,8 +126,8 @@ class RoundWire:
         theirs = Header(ready, stale, flags, raw[2 * width + 8:2 * width + 16] != bytes(8), extra)
         return theirs, self.reduced(areas, ready & ~stale)
 
-    def _gather(self, raw: bytes, hits: dict[int, Request],
-                wait: Callable[[Any], None]) -> tuple[bytes, list[bytes]]:
+    def _gather(self, raw: bytearray, hits: dict[int, Request],
+                wait: Callable[[Any], None]) -> tuple[bytearray, list[bytes]]:
         """All-gather this rank's header and ride area; the AND of the headers, and every
         rank's area.  Bytes and Python integers throughout: numpy's per-call costs would
         double this round's, which a synchronous call pays every time."""
@@ -142,7 +140,7 @@ class RoundWire:
         for start in range(0, len(rows), len(row)):
             anded &= int.from_bytes(rows[start:start + hlen], "little")
             areas.append(bytes(rows[start + hlen:start + len(row)]))
-        return anded.to_bytes(hlen, "little"), areas
+        return bytearray(anded.to_bytes(hlen, "little")), areas
 
     def _area(self, hits: dict[int, Request]) -> bytes:
         """This rank's ride area: the riders still pending, lowest bit first, while they fit.
