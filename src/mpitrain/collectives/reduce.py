@@ -59,9 +59,15 @@ def _reduction_request(kind: Kind, tensors: Sequence[Any], name: str | None, op:
     return request, kept
 
 
-def _allreduce_request(tensors: Sequence[Any], in_place: bool, name: str | None, op: Any,
-                       average: bool | None, prescale_factor: Any, postscale_factor: Any,
-                       process_set: ProcessSet) -> tuple[Request, list[Any]]:
+def _submit_allreduce(tensors: list[Any], in_place: bool, name: str | None, op: Any,
+                      average: bool | None, scales: tuple[Any, Any], process_set: ProcessSet,
+                      *, grouped: bool) -> Handle:
+    """Submit the allreduce of ``tensors``, into new tensors or (``in_place``) into themselves.
+
+    The one submission behind the four ``*allreduce_async*`` functions, so that the in-place and
+    grouped variants cannot drift apart: ``synchronize`` returns the list of results when
+    ``grouped``, else the result of the one tensor.
+    """
     def make_entry(t: Any, what: str, reduce_op: ReduceOp, pre: float,
                    post: float) -> tuple[Entry, Any]:
         if in_place:
@@ -74,8 +80,9 @@ def _allreduce_request(tensors: Sequence[Any], in_place: bool, name: str | None,
                              f"prescale_factor={pre}, postscale_factor={post}")
         return entry, out
 
-    return _reduction_request(Kind.ALLREDUCE, tensors, name, op, average,
-                              (prescale_factor, postscale_factor), process_set, make_entry)
+    request, outputs = _reduction_request(Kind.ALLREDUCE, tensors, name, op, average, scales,
+                                          process_set, make_entry)
+    return submit(request, (lambda h: outputs) if grouped else (lambda h: outputs[0]))
 
 
 def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None,
@@ -97,18 +104,16 @@ def allreduce_async(tensor: Any, average: bool | None = None, name: str | None =
     Returns:
         A handle; ``synchronize(handle)`` returns the reduced tensor.
     """
-    request, outputs = _allreduce_request([tensor], False, name, op, average, prescale_factor,
-                                          postscale_factor, process_set)
-    return submit(request, lambda h: outputs[0])
+    return _submit_allreduce([tensor], False, name, op, average,
+                             (prescale_factor, postscale_factor), process_set, grouped=False)
 
 
 def allreduce_async_(tensor: Any, average: bool | None = None, name: str | None = None,
                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Like :func:`allreduce_async`, but the result overwrites ``tensor``."""
-    request, outputs = _allreduce_request([tensor], True, name, op, average, prescale_factor,
-                                          postscale_factor, process_set)
-    return submit(request, lambda h: outputs[0])
+    return _submit_allreduce([tensor], True, name, op, average,
+                             (prescale_factor, postscale_factor), process_set, grouped=False)
 
 
 def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
@@ -144,20 +149,23 @@ def grouped_allreduce_async(tensors: Sequence[Any], average: bool | None = None,
                             name: str | None = None, op: Any = None,
                             prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                             process_set: ProcessSet = global_process_set) -> Handle:
-    """Start reducing a list of tensors as one negotiated, fused request."""
-    request, outputs = _allreduce_request(as_list(tensors), False, name, op, average,
-                                          prescale_factor, postscale_factor, process_set)
-    return submit(request, lambda h: outputs)
+    """Start reducing a list of tensors as one negotiated, fused request.
+
+    The arguments are :func:`allreduce_async`'s; ``synchronize(handle)`` returns the reduced
+    tensors, new ones, in the order of ``tensors``.
+    """
+    return _submit_allreduce(as_list(tensors), False, name, op, average,
+                             (prescale_factor, postscale_factor), process_set, grouped=True)
 
 
 def grouped_allreduce_async_(tensors: Sequence[Any], average: bool | None = None,
                              name: str | None = None, op: Any = None,
                              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
                              process_set: ProcessSet = global_process_set) -> Handle:
-    """In-place :func:`grouped_allreduce_async`."""
-    request, outputs = _allreduce_request(as_list(tensors), True, name, op, average,
-                                          prescale_factor, postscale_factor, process_set)
-    return submit(request, lambda h: outputs)
+    """In-place :func:`grouped_allreduce_async`: ``synchronize(handle)`` returns ``tensors``,
+    each overwritten by its result."""
+    return _submit_allreduce(as_list(tensors), True, name, op, average,
+                             (prescale_factor, postscale_factor), process_set, grouped=True)
 
 
 def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
