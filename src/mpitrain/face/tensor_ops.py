@@ -34,9 +34,8 @@ def _autograd() -> Any:
     return autograd_ops
 
 
-def _reduced_with_grad(
-    tensors: list[Any], name: str | None, compression: type[Compressor], rule: Any
-) -> list[Any]:
+def _reduced_with_grad(tensors: list[Any], name: str | None, compression: type[Compressor],
+                       rule: Any) -> list[Any]:
     """``rule``'s reduction (an allreduce or a reducescatter) of ``tensors`` through autograd,
     compressed on the wire (the casts are in the autograd graph too)."""
     pairs = [compression.compress(t) for t in tensors]
@@ -44,16 +43,10 @@ def _reduced_with_grad(
     return [compression.decompress(o, ctx) for o, (_, ctx) in zip(outs, pairs)]
 
 
-def allreduce(
-    tensor: Any,
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: Any = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> Any:
+def allreduce(tensor: Any, average: bool | None = None, name: str | None = None,
+              compression: type[Compressor] = Compression.none, op: Any = None,
+              prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+              process_set: ProcessSet = global_process_set) -> Any:
     """Reduce ``tensor`` across the process set; differentiable for tensors requiring grad.
 
     Every rank of the process set must call this, in the same order.  See
@@ -64,40 +57,30 @@ def allreduce(
                              postscale_factor, process_set)[0]
 
 
-def grouped_allreduce(
-    tensors: Sequence[Any],
-    average: bool | None = None,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: Any = None,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-    process_set: ProcessSet = global_process_set,
-) -> list[Any]:
+def grouped_allreduce(tensors: Sequence[Any], average: bool | None = None,
+                      name: str | None = None, compression: type[Compressor] = Compression.none,
+                      op: Any = None, prescale_factor: float = 1.0, postscale_factor: float = 1.0,
+                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Reduce a list of tensors as one request; differentiable for tensors requiring grad."""
     tensors = collectives.as_list(tensors)
     if not _differentiable(*tensors):
-        return collectives.grouped_allreduce(
-            tensors, average, name, compression, op, prescale_factor, postscale_factor, process_set
-        )
-    rule = _autograd().AllreduceRule(
-        collectives.resolve_op(op, average), prescale_factor, postscale_factor, process_set
-    )
+        return collectives.grouped_allreduce(tensors, average, name, compression, op,
+                                             prescale_factor, postscale_factor, process_set)
+    rule = _autograd().AllreduceRule(collectives.resolve_op(op, average), prescale_factor,
+                                     postscale_factor, process_set)
     return _reduced_with_grad(tensors, name, compression, rule)
 
 
-def allgather(
-    tensor: Any, name: str | None = None, process_set: ProcessSet = global_process_set
-) -> Any:
+def allgather(tensor: Any, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> Any:
     """Concatenate every rank's tensor along dim 0; differentiable."""
     if not _differentiable(tensor):
         return collectives.allgather(tensor, name, process_set)
     return _autograd().Allgather.apply(tensor, name, process_set)
 
 
-def grouped_allgather(
-    tensors: Sequence[Any], name: str | None = None, process_set: ProcessSet = global_process_set
-) -> list[Any]:
+def grouped_allgather(tensors: Sequence[Any], name: str | None = None,
+                      process_set: ProcessSet = global_process_set) -> list[Any]:
     """Allgather each tensor of a list as one request; differentiable."""
     tensors = collectives.as_list(tensors)
     if not _differentiable(*tensors):
@@ -105,24 +88,16 @@ def grouped_allgather(
     return list(_autograd().GroupedAllgather.apply(name, process_set, *tensors))
 
 
-def broadcast(
-    tensor: Any,
-    root_rank: int,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> Any:
+def broadcast(tensor: Any, root_rank: int, name: str | None = None,
+              process_set: ProcessSet = global_process_set) -> Any:
     """Return ``root_rank``'s tensor on every rank; differentiable."""
     if not _differentiable(tensor):
         return collectives.broadcast(tensor, root_rank, name, process_set)
     return _autograd().Broadcast.apply(tensor, root_rank, name, process_set)
 
 
-def alltoall(
-    tensor: Any,
-    splits: Any = None,
-    name: str | None = None,
-    process_set: ProcessSet = global_process_set,
-) -> Any:
+def alltoall(tensor: Any, splits: Any = None, name: str | None = None,
+             process_set: ProcessSet = global_process_set) -> Any:
     """Exchange rows with every rank; differentiable.
 
     Returns:
@@ -136,15 +111,10 @@ def alltoall(
     return output if splits is None else (output, received)
 
 
-def reducescatter(
-    tensor: Any,
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: Any = ReduceOp.AVERAGE,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> Any:
+def reducescatter(tensor: Any, name: str | None = None,
+                  compression: type[Compressor] = Compression.none, op: Any = ReduceOp.AVERAGE,
+                  process_set: ProcessSet = global_process_set, prescale_factor: float = 1.0,
+                  postscale_factor: float = 1.0) -> Any:
     """Reduce across ranks and keep this rank's block of rows; differentiable.
 
     Parameters in Horovod's order; see :func:`mpitrain.collectives.reducescatter`.  A group of
@@ -154,24 +124,17 @@ def reducescatter(
                                  postscale_factor)[0]
 
 
-def grouped_reducescatter(
-    tensors: Sequence[Any],
-    name: str | None = None,
-    compression: type[Compressor] = Compression.none,
-    op: Any = ReduceOp.AVERAGE,
-    process_set: ProcessSet = global_process_set,
-    prescale_factor: float = 1.0,
-    postscale_factor: float = 1.0,
-) -> list[Any]:
+def grouped_reducescatter(tensors: Sequence[Any], name: str | None = None,
+                          compression: type[Compressor] = Compression.none,
+                          op: Any = ReduceOp.AVERAGE, process_set: ProcessSet = global_process_set,
+                          prescale_factor: float = 1.0, postscale_factor: float = 1.0) -> list[Any]:
     """Reducescatter each tensor of a list as one request; differentiable."""
     tensors = collectives.as_list(tensors)
     if not _differentiable(*tensors):
-        return collectives.grouped_reducescatter(
-            tensors, name, compression, op, process_set, prescale_factor, postscale_factor
-        )
-    rule = _autograd().ReducescatterRule(
-        collectives.resolve_op(op, None), prescale_factor, postscale_factor, process_set
-    )
+        return collectives.grouped_reducescatter(tensors, name, compression, op, process_set,
+                                                 prescale_factor, postscale_factor)
+    rule = _autograd().ReducescatterRule(collectives.resolve_op(op, None), prescale_factor,
+                                         postscale_factor, process_set)
     return _reduced_with_grad(tensors, name, compression, rule)
 
 
