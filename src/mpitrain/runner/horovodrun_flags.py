@@ -16,7 +16,18 @@ from typing import Any
 
 from .mpi_command import Flavor
 
-_FLAVORS = ("auto", "openmpi", "mpich", "intel")
+# mpitrainrun's ``--mpi FLAVOR`` choices; any other word after ``--mpi`` is not a flavor, so the
+# ``--mpi`` before it is horovodrun's bare flag (see normalize_argv).
+MPI_CHOICES = ("auto", *(flavor.value for flavor in Flavor))
+
+# horovodrun's flags that change nothing here, accepted so that its job scripts run unchanged:
+# flag -> (why, for --help; the note printed when the flag is given).
+_ACCEPTED = {
+    "--gloo": ("mpitrain always runs over MPI",
+               "mpitrain runs over MPI only (no Gloo controller); running over MPI"),
+    "--disable-cache": ("mpitrainrun caches no checks",
+                        "mpitrainrun caches no start-up checks; nothing to disable"),
+}
 
 
 def add_flags(parser: argparse.ArgumentParser) -> None:
@@ -27,6 +38,40 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--horovod-compat", action="store_true",
                        help="run an unchanged Horovod script: `import horovod.torch as hvd` "
                             "(and horovod.tensorflow, .keras) resolve to mpitrain")
+    _add_launcher_flags(group)
+    group.add_argument("--config-file", metavar="FILE",
+                       help="horovodrun's YAML configuration (params, autotune, timeline, "
+                            "stall_check, logging); options given on the command line win")
+    for flag, (why, _) in _ACCEPTED.items():
+        group.add_argument(flag, action="store_true",
+                           help=f"accepted for horovodrun scripts: {why}")
+    group.add_argument("--mpi-controller", action="store_true", help=argparse.SUPPRESS)
+
+
+def normalize_argv(argv: Sequence[str]) -> list[str]:
+    """horovodrun's bare ``--mpi`` (choose the MPI controller) is mpitrainrun's
+    ``--mpi FLAVOR`` without a flavor: keep ``--mpi openmpi`` as it is, read the bare flag as
+    horovodrun's.  Only options before the command are looked at."""
+    out: list[str] = []
+    items = list(argv)
+    for index, item in enumerate(items):
+        if item == "--mpi" and (index + 1 == len(items) or items[index + 1] not in MPI_CHOICES):
+            out.append("--mpi-controller")
+            continue
+        out.append(item)
+        if not item.startswith("-") and (index == 0 or not items[index - 1].startswith("-")):
+            return out + items[index + 1:]  # the command starts here: leave it alone
+    return out
+
+
+def notes(args: argparse.Namespace) -> list[str]:
+    """One line for each accepted flag that changes nothing here."""
+    return [f"{flag}: {note}" for flag, (_, note) in _ACCEPTED.items()
+            if getattr(args, flag[2:].replace("-", "_"))]  # the flag's argparse dest
+
+
+def _add_launcher_flags(group: argparse._ArgumentGroup) -> None:
+    """Add the flags that :func:`launcher_args` and :func:`binding` turn into launcher arguments."""
     group.add_argument("--output-filename", metavar="DIR",
                        help="write each rank's stdout and stderr under DIR (Open MPI: "
                             "DIR/<job>/rank.N/stdout; MPICH: DIR/rank.N.stdout)")
@@ -41,40 +86,6 @@ def add_flags(parser: argparse.ArgumentParser) -> None:
                        help="process binding arguments for the launcher, replacing mpitrain's "
                             "'--bind-to none' (mpitrain shares cores out itself), e.g. "
                             "--binding-args='--bind-to core'")
-    group.add_argument("--config-file", metavar="FILE",
-                       help="horovodrun's YAML configuration (params, autotune, timeline, "
-                            "stall_check, logging); options given on the command line win")
-    group.add_argument("--gloo", action="store_true",
-                       help="accepted for horovodrun scripts: mpitrain always runs over MPI")
-    group.add_argument("--mpi-controller", action="store_true", help=argparse.SUPPRESS)
-    group.add_argument("--disable-cache", action="store_true",
-                       help="accepted for horovodrun scripts: mpitrainrun caches no checks")
-
-
-def normalize_argv(argv: Sequence[str]) -> list[str]:
-    """horovodrun's bare ``--mpi`` (choose the MPI controller) is mpitrainrun's
-    ``--mpi FLAVOR`` without a flavor: keep ``--mpi openmpi`` as it is, read the bare flag as
-    horovodrun's.  Only options before the command are looked at."""
-    out: list[str] = []
-    items = list(argv)
-    for index, item in enumerate(items):
-        if item == "--mpi" and (index + 1 == len(items) or items[index + 1] not in _FLAVORS):
-            out.append("--mpi-controller")
-            continue
-        out.append(item)
-        if not item.startswith("-") and (index == 0 or not items[index - 1].startswith("-")):
-            return out + items[index + 1:]  # the command starts here: leave it alone
-    return out
-
-
-def notes(args: argparse.Namespace) -> list[str]:
-    """One line for each accepted flag that changes nothing here."""
-    out = []
-    if args.gloo:
-        out.append("--gloo: mpitrain runs over MPI only (no Gloo controller); running over MPI")
-    if args.disable_cache:
-        out.append("--disable-cache: mpitrainrun caches no start-up checks; nothing to disable")
-    return out
 
 
 def launcher_args(args: argparse.Namespace, flavor: Flavor | None, srun: bool) -> list[str]:

@@ -61,7 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "10.0.0.0/24")
     where.add_argument("--launcher", choices=("auto", "mpirun", "srun"), default="auto",
                        help="auto: srun inside a Slurm allocation, mpirun otherwise")
-    where.add_argument("--mpi", choices=("auto", "openmpi", "mpich", "intel"), default="auto",
+    where.add_argument("--mpi", choices=horovodrun_flags.MPI_CHOICES, default="auto",
                        help="which MPI the launcher belongs to (auto: ask it --version)")
     where.add_argument("--mpirun", metavar="PATH",
                        help="the mpirun/mpiexec to use (default: the one next to this Python, "
