@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import keras
@@ -110,6 +111,32 @@ class MetricAverageCallback(_MpitrainCallback):
             logs[k] = v
 
 
+@dataclass(frozen=True)
+class _Schedule:
+    """What a :class:`LearningRateScheduleCallback` was asked for, fixed at construction."""
+
+    multiplier: Callable[[float], float]
+    start_epoch: int
+    end_epoch: int | None
+    staircase: bool
+    momentum_correction: bool
+
+    def covers(self, epoch: int) -> bool:
+        """Whether the schedule sets the rate during ``epoch``."""
+        return self.start_epoch <= epoch and (self.end_epoch is None or epoch < self.end_epoch)
+
+
+def _as_multiplier(multiplier: float | Callable[[float], float]) -> Callable[[float], float]:
+    """``multiplier`` as a function of the epoch (a number is a constant one)."""
+    if callable(multiplier):
+        return multiplier
+    if isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool):
+        factor = float(multiplier)
+        return lambda epoch: factor
+    raise TypeError(f"multiplier must be a number or a function of the epoch, got "
+                    f"{multiplier!r}")
+
+
 class LearningRateScheduleCallback(_MpitrainCallback):
     """Set the learning rate to ``initial_lr * multiplier(epoch)`` for epochs in a range.
 
@@ -134,24 +161,12 @@ class LearningRateScheduleCallback(_MpitrainCallback):
                  start_epoch: int = 0, end_epoch: int | None = None, staircase: bool = True,
                  momentum_correction: bool = True, steps_per_epoch: int | None = None) -> None:
         super().__init__()
-        if callable(multiplier):
-            self.multiplier: Callable[[float], float] = multiplier
-        elif isinstance(multiplier, (int, float)) and not isinstance(multiplier, bool):
-            factor = float(multiplier)
-            self.multiplier = lambda epoch: factor
-        else:
-            raise TypeError(f"multiplier must be a number or a function of the epoch, got "
-                            f"{multiplier!r}")
+        self._schedule = _Schedule(_as_multiplier(multiplier), start_epoch, end_epoch, staircase,
+                                   momentum_correction)
+        # Where None, resolved when training starts: the optimizer's rate, fit()'s steps.
         self.initial_lr = initial_lr
-        self.start_epoch = start_epoch
-        self.end_epoch = end_epoch
-        self.staircase = staircase
-        self.momentum_correction = momentum_correction
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
-
-    def _active(self, epoch: int) -> bool:
-        return self.start_epoch <= epoch and (self.end_epoch is None or epoch < self.end_epoch)
 
     def _set_lr(self, new_lr: float) -> None:
         optimizer = self.model.optimizer
@@ -162,7 +177,7 @@ class LearningRateScheduleCallback(_MpitrainCallback):
             raise ValueError(f"{type(self).__name__} sets the learning rate, but this "
                              f"optimizer's rate is a schedule: {exc}") from None
         momentums = getattr(optimizer, "momentums", None)
-        if (self.momentum_correction and isinstance(optimizer, keras.optimizers.SGD)
+        if (self._schedule.momentum_correction and isinstance(optimizer, keras.optimizers.SGD)
                 and momentums and old_lr > 0 and new_lr != old_lr):
             ratio = new_lr / old_lr
             for m in momentums:
@@ -173,22 +188,22 @@ class LearningRateScheduleCallback(_MpitrainCallback):
             self.initial_lr = float(np.asarray(self.model.optimizer.learning_rate))
         if self.steps_per_epoch is None:
             self.steps_per_epoch = (self.params or {}).get("steps")
-        if not self.staircase and not self.steps_per_epoch:
+        if not self._schedule.staircase and not self.steps_per_epoch:
             raise ValueError(f"{type(self).__name__}(staircase=False) needs steps_per_epoch: "
                              "fit() did not report it; pass steps_per_epoch=")
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         self.current_epoch = epoch
-        if self.staircase and self._active(epoch):
+        if self._schedule.staircase and self._schedule.covers(epoch):
             assert self.initial_lr is not None
-            self._set_lr(self.initial_lr * self.multiplier(epoch))
+            self._set_lr(self.initial_lr * self._schedule.multiplier(epoch))
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        if self.staircase or not self._active(self.current_epoch):
+        if self._schedule.staircase or not self._schedule.covers(self.current_epoch):
             return
         assert self.initial_lr is not None and self.steps_per_epoch
         epoch = self.current_epoch + batch / self.steps_per_epoch
-        self._set_lr(self.initial_lr * self.multiplier(epoch))
+        self._set_lr(self.initial_lr * self._schedule.multiplier(epoch))
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
         if logs is not None:
