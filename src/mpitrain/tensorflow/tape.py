@@ -73,13 +73,12 @@ class _DistributedTapeMixin:
 
 
 @not_converted
-def DistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
-                            device_sparse: str = "",
-                            compression: type[Compressor] = Compression.none,
-                            sparse_as_dense: bool = False, op: Any = ReduceOp.AVERAGE,
-                            gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                            groups: Any = None, process_set: ProcessSet = global_process_set,
-                            scale_local_gradients: bool = True) -> tf.GradientTape:
+def DistributedGradientTape(
+        gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+        compression: type[Compressor] = Compression.none, sparse_as_dense: bool = False,
+        op: Any = ReduceOp.AVERAGE, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+        groups: Any = None, process_set: ProcessSet = global_process_set,
+        scale_local_gradients: bool = True) -> tf.GradientTape:
     """Wrap a ``tf.GradientTape`` so that ``gradient()`` averages across ranks.
 
     The returned tape records into the same underlying tape (wrap before or after the
@@ -148,15 +147,12 @@ def local_layers_of(local_layers: Any) -> list[keras.layers.Layer]:
 
 
 @not_converted
-def PartialDistributedGradientTape(gradtape: tf.GradientTape, device_dense: str = "",
-                                   device_sparse: str = "",
-                                   compression: type[Compressor] = Compression.none,
-                                   sparse_as_dense: bool = False, op: Any = ReduceOp.AVERAGE,
-                                   gradient_predivide_factor: float = 1.0, num_groups: int = 0,
-                                   groups: Any = None,
-                                   process_set: ProcessSet = global_process_set,
-                                   local_layers: Any = None,
-                                   scale_local_gradients: bool = True) -> tf.GradientTape:
+def PartialDistributedGradientTape(
+        gradtape: tf.GradientTape, device_dense: str = "", device_sparse: str = "",
+        compression: type[Compressor] = Compression.none, sparse_as_dense: bool = False,
+        op: Any = ReduceOp.AVERAGE, gradient_predivide_factor: float = 1.0, num_groups: int = 0,
+        groups: Any = None, process_set: ProcessSet = global_process_set, local_layers: Any = None,
+        scale_local_gradients: bool = True) -> tf.GradientTape:
     """A :func:`DistributedGradientTape` that keeps the gradients of ``local_layers`` local.
 
     Args:
