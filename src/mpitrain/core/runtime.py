@@ -194,39 +194,59 @@ def state() -> State:
     return current
 
 
+def _topology() -> Topology:
+    """The running job's topology, which the rank queries below read (each raises the
+    not-initialised ValueError before init(), as :func:`state` does)."""
+    return state().topology
+
+
 def rank() -> int:
-    """Index of this process in the job, 0..size()-1."""
-    return state().topology.rank
+    """Index of this process in the job, 0..size()-1.
+
+    The job is the communicator init() was given (``MPI.COMM_WORLD`` by default); rank 0 is the
+    one that conventionally logs, saves checkpoints and broadcasts the initial state.
+    """
+    return _topology().rank
 
 
 def size() -> int:
-    """Number of processes in the job."""
-    return state().topology.size
+    """Number of processes in the job: what an ``Average`` over all ranks divides by."""
+    return _topology().size
 
 
 def local_rank() -> int:
-    """Index of this process among the processes of its node."""
-    return state().topology.local_rank
+    """Index of this process among the processes of its node, 0..local_size()-1: the usual
+    choice of GPU (``torch.cuda.set_device(hvd.local_rank())``).
+
+    With ``MPITRAIN_LOCAL_SIZE=k`` the node is an emulated one of k consecutive local ranks.
+    """
+    return _topology().local_rank
 
 
 def local_size() -> int:
-    """Number of processes on this node."""
-    return state().topology.local_size
+    """Number of processes on this node; nodes may differ (see :func:`is_homogeneous`)."""
+    return _topology().local_size
 
 
 def cross_rank() -> int:
-    """Index of this node among the nodes holding a process with this local rank."""
-    return state().topology.cross_rank
+    """Index of this node among the nodes holding a process with this local rank.
+
+    Nodes are numbered by their lowest rank; when every node runs the same number of processes,
+    this is the node's index.
+    """
+    return _topology().cross_rank
 
 
 def cross_size() -> int:
-    """Number of nodes holding a process with this local rank."""
-    return state().topology.cross_size
+    """Number of nodes holding a process with this local rank: the number of nodes when every
+    node runs the same number of processes."""
+    return _topology().cross_size
 
 
 def is_homogeneous() -> bool:
-    """True when every node runs the same number of processes."""
-    return state().topology.is_homogeneous
+    """True when every node runs the same number of processes (then cross_size() is the number
+    of nodes on every rank)."""
+    return _topology().is_homogeneous
 
 
 def mpi_threads_supported() -> bool:
@@ -260,12 +280,17 @@ def mpi_built() -> bool:
 
 
 def gloo_built() -> bool:
-    """False: mpitrain does not use Gloo."""
+    """False: mpitrain does not use Gloo; it always runs over MPI (``mpitrainrun --gloo`` is
+    accepted for horovodrun scripts and runs over MPI too)."""
     return False
 
 
 def nccl_built() -> bool:
-    """False: mpitrain reduces on the GPU with its own kernels, not NCCL."""
+    """False: mpitrain reduces on the GPU with its own kernels, not NCCL.
+
+    Horovod's Adasum examples scale the learning rate by ``local_size()`` only when this is
+    True; False picks the rule for mpitrain's default, flat Adasum (see :mod:`mpitrain.ops.adasum`).
+    """
     return False
 
 
@@ -289,7 +314,7 @@ def cuda_built() -> bool:
 
 
 def rocm_built() -> bool:
-    """False: no ROCm data plane."""
+    """False: no ROCm data plane (the GPU data plane is CUDA's, see :func:`cuda_built`)."""
     return False
 
 
