@@ -326,6 +326,11 @@ def test_warmup_and_schedule_callbacks():
     recorder = LrRecorder()
     warmup = hcb.LearningRateWarmupCallback(initial_lr=0.4, warmup_epochs=2)
     schedule = hcb.LearningRateScheduleCallback(0.4, multiplier=0.5, start_epoch=3)
+    # Horovod's attribute names, which its users' subclasses read.
+    assert (schedule.start_epoch, schedule.end_epoch, schedule.staircase,
+            schedule.momentum_correction, schedule.multiplier(7)) == (3, None, True, True, 0.5)
+    with pytest.raises(AttributeError, match="no_such"):
+        schedule.no_such  # noqa: B018
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _keras_distributed(x, y, seed=1, epochs=4, batch=32 * SIZE, lr=0.4,

@@ -168,6 +168,14 @@ class LearningRateScheduleCallback(_MpitrainCallback):
         self.steps_per_epoch = steps_per_epoch
         self.current_epoch = 0
 
+    def __getattr__(self, name: str) -> Any:
+        """Horovod's attribute names for the settings (``start_epoch``, ``staircase``, ...),
+        which its users' subclasses read; they live in the frozen schedule, read-only."""
+        schedule = self.__dict__.get("_schedule")
+        if schedule is not None and name in _Schedule.__dataclass_fields__:
+            return getattr(schedule, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     def _set_lr(self, new_lr: float) -> None:
         optimizer = self.model.optimizer
         old_lr = float(np.asarray(optimizer.learning_rate))
