@@ -127,10 +127,12 @@ class Executor:
             else:
                 others.append(resp)
         threshold = self.fusion_threshold
-        for bucket in plan(allreduce, threshold):
-            self._allreduce(bucket)
-        for bucket in plan(broadcast, threshold):
-            self._broadcast(bucket)
+        if allreduce:
+            for bucket in plan(allreduce, threshold):
+                self._allreduce(bucket)
+        if broadcast:
+            for bucket in plan(broadcast, threshold):
+                self._broadcast(bucket)
         for resp in others:
             self._single(resp)
 

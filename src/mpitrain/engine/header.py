@@ -45,6 +45,7 @@ _COUNT = np.dtype("<u4")
 _WORD = (1 << 64) - 1
 _MAX_RIDERS = 16  # more pending at once: a burst of gradients, left to fusion
 _ALL_ONES_BYTES = b"\xff" * 8
+_NO_RIDERS = bytes(_COUNT.itemsize)  # an area's count when nothing rode in it
 _RIDING_OPS = (ReduceOp.SUM, ReduceOp.AVERAGE, ReduceOp.MIN, ReduceOp.MAX, ReduceOp.PRODUCT)
 
 
@@ -84,6 +85,7 @@ class RoundWire:
         self.gathers = area_bytes > 0 and self.size == RIDE_RANKS
         self.riders: dict[int, Request] = {}  # cache bit -> pending hit that may ride
         self.rode = 0  # allreduces finished in the round, for tests and the benchmarks
+        self._riders_by_bit: dict[int, _Rider] = {}
 
     def offer(self, bit: int, request: Request) -> None:
         """Take a pending cache hit into the next rounds' ride areas, if it may ride."""
@@ -173,46 +175,59 @@ class RoundWire:
     def reduced(self, areas: list[bytes], ready: int) -> dict[int, np.ndarray]:
         """The results of the allreduces that rode on every rank and are ready everywhere
         (``ready``: their cache bits), by cache bit; the same on every rank."""
-        if not areas or not all(area[:_COUNT.itemsize] != bytes(_COUNT.itemsize)
-                                for area in areas):
+        if not areas or any(area[:_COUNT.itemsize] == _NO_RIDERS for area in areas):
             return {}  # nothing rode on some rank, so nothing rode everywhere
         where: list[dict[int, int]] = []  # per rank: bit -> offset of its input
         for area in areas:
             count = int.from_bytes(area[:_COUNT.itemsize], "little")
-            bits = np.frombuffer(area, dtype=_COUNT, count=count,
-                                 offset=_COUNT.itemsize).tolist()
             offset = _COUNT.itemsize * (count + 1)
             offsets = {}
-            for bit in bits:
+            for bit in np.frombuffer(area, dtype=_COUNT, count=count,
+                                     offset=_COUNT.itemsize).tolist():
                 offsets[bit] = offset
-                offset += _input_bytes(self.cache, bit)
+                offset += self._rider(bit).nbytes
             where.append(offsets)
         out = {}
         for bit in where[0]:
             if not (ready >> bit) & 1 or any(bit not in w for w in where):
                 continue
-            out[bit] = self._reduce(areas, where, bit)
+            rider = self._rider(bit)
+            inputs = [np.frombuffer(area, dtype=rider.storage, count=rider.count, offset=w[bit])
+                      for area, w in zip(areas, where)]
+            out[bit] = reference.reduce(inputs, rider.dtype, rider.op, rider.prescale,
+                                        rider.postscale)
         self.rode += len(out)
         return out
 
-    def _reduce(self, areas: list[bytes], where: list[dict[int, int]], bit: int) -> np.ndarray:
+    def _rider(self, bit: int) -> _Rider:
+        """How the single-tensor allreduce cached under ``bit`` is read and reduced, worked out
+        once per cache entry (a synchronous call pays for this every round)."""
         entry = self.cache.entry(bit)
         assert entry is not None
-        meta = entry[1]
-        dtype = meta.tensors[0][0]
-        nbytes = _input_bytes(self.cache, bit)
-        inputs = [np.frombuffer(area, dtype=STORAGE[dtype], count=nbytes // STORAGE[dtype].itemsize,
-                                offset=w[bit]) for area, w in zip(areas, where)]
-        op, post = average_as_sum(ReduceOp(meta.reduce_op), meta.postscale, self.size)
-        return reference.reduce(inputs, dtype, op, meta.prescale, post)
+        rider = self._riders_by_bit.get(bit)
+        if rider is None or rider.entry is not entry:
+            meta = entry[1]
+            dtype, _ndim, shape = meta.tensors[0]
+            storage = STORAGE[dtype]
+            op, post = average_as_sum(ReduceOp(meta.reduce_op), meta.postscale, self.size)
+            count = math.prod(shape)
+            rider = _Rider(entry, dtype, storage, count, count * storage.itemsize, op,
+                           meta.prescale, post)
+            self._riders_by_bit[bit] = rider
+        return rider
 
 
-def _input_bytes(cache: ResponseCache, bit: int) -> int:
-    """The bytes of the input of the single-tensor allreduce cached under ``bit``."""
-    entry = cache.entry(bit)
-    assert entry is not None
-    dtype, _ndim, shape = entry[1].tensors[0]
-    return math.prod(shape) * STORAGE[dtype].itemsize
+class _Rider(NamedTuple):
+    """What reading and reducing a riding input takes, from its cache entry."""
+
+    entry: tuple[str, Any]  # the cache entry it was worked out from (bits get reused)
+    dtype: str
+    storage: np.dtype
+    count: int
+    nbytes: int
+    op: ReduceOp  # Average already a Sum (average_as_sum)
+    prescale: float
+    postscale: float
 
 
 __all__ = ["RIDE_RANKS", "Header", "RoundWire", "can_ride"]

@@ -41,12 +41,12 @@ def widen(x: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "bfloat16":
         return bf16_to_f32(x)
     if dtype in ("float16", "float32"):
-        return x.astype(np.float32)
+        return x.astype(np.float32, copy=False)
     return x
 
 
 def narrow(acc: np.ndarray, dtype: str) -> np.ndarray:
-    """Return the accumulator converted back to the storage type of ``dtype``."""
+    """Return the accumulator converted back to the storage type of ``dtype``, as a new array."""
     if dtype == "bfloat16":
         return f32_to_bf16(acc)
     return acc.astype(STORAGE[dtype])
@@ -78,16 +78,19 @@ def reduce(inputs: Sequence[np.ndarray], dtype: str, op: ReduceOp,
             return np.asarray(stack.any(axis=0))
         return np.asarray(stack.all(axis=0))
     if dtype in FLOATING:
-        acc = None
-        for x in inputs:
-            w = widen(np.asarray(x), dtype)
-            if prescale != 1.0:
-                w = w * w.dtype.type(prescale)
-            acc = w.copy() if acc is None else _combine(acc, w, op)
-        assert acc is not None
-        if postscale != 1.0:
-            acc = acc * acc.dtype.type(postscale)
-        return narrow(acc, dtype)
+        # Overflow to inf and inf - inf = NaN are results here, as in the kernels, not warnings.
+        # Every step makes a new array (narrow too), so no input is ever written or returned.
+        with np.errstate(over="ignore", invalid="ignore"):
+            acc = None
+            for x in inputs:
+                w = widen(np.asarray(x), dtype)
+                if prescale != 1.0:
+                    w = w * w.dtype.type(prescale)
+                acc = w if acc is None else _combine(acc, w, op)
+            assert acc is not None
+            if postscale != 1.0:
+                acc = acc * acc.dtype.type(postscale)
+            return narrow(acc, dtype)
     acc_i = None
     for x in inputs:
         w = scale_int(np.asarray(x), prescale)
@@ -97,14 +100,14 @@ def reduce(inputs: Sequence[np.ndarray], dtype: str, op: ReduceOp,
 
 
 def _combine(acc: np.ndarray, x: np.ndarray, op: ReduceOp) -> np.ndarray:
-    with np.errstate(over="ignore", invalid="ignore"):
-        if op == ReduceOp.SUM:
-            return acc + x
-        if op == ReduceOp.MIN:
-            return np.minimum(acc, x)
-        if op == ReduceOp.MAX:
-            return np.maximum(acc, x)
-        return acc * x
+    """A new array: ``acc`` combined with ``x`` elementwise."""
+    if op == ReduceOp.SUM:
+        return acc + x
+    if op == ReduceOp.MIN:
+        return np.minimum(acc, x)
+    if op == ReduceOp.MAX:
+        return np.maximum(acc, x)
+    return acc * x
 
 
 # Adasum: a squared norm below this counts as a zero vector (Horovod's threshold,
