@@ -192,7 +192,8 @@ class RoundWire:
             if not (ready >> bit) & 1 or any(bit not in w for w in where):
                 continue
             rider = self._rider(bit)
-            inputs = [np.frombuffer(area, dtype=rider.storage, count=rider.count, offset=w[bit])
+            inputs = [np.frombuffer(area, dtype=rider.storage, count=rider.elements,
+                                     offset=w[bit])
                       for area, w in zip(areas, where)]
             out[bit] = reference.reduce(inputs, rider.dtype, rider.op, rider.prescale,
                                         rider.postscale)
@@ -210,8 +211,8 @@ class RoundWire:
             dtype, _ndim, shape = meta.tensors[0]
             storage = STORAGE[dtype]
             op, post = average_as_sum(ReduceOp(meta.reduce_op), meta.postscale, self.size)
-            count = math.prod(shape)
-            rider = _Rider(entry, dtype, storage, count, count * storage.itemsize, op,
+            elements = math.prod(shape)
+            rider = _Rider(entry, dtype, storage, elements, elements * storage.itemsize, op,
                            meta.prescale, post)
             self._riders_by_bit[bit] = rider
         return rider
@@ -223,7 +224,7 @@ class _Rider(NamedTuple):
     entry: tuple[str, Any]  # the cache entry it was worked out from (bits get reused)
     dtype: str
     storage: np.dtype
-    count: int
+    elements: int
     nbytes: int
     op: ReduceOp  # Average already a Sum (average_as_sum)
     prescale: float
