@@ -250,6 +250,12 @@ def worker(args: argparse.Namespace) -> int:
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
+    # mpitrain's init() has glibc keep freed memory (mpitrain.core.host_malloc), process-wide,
+    # so it would hold for every contender after the first mpitrain one anyway: set it (or,
+    # with --malloc-default, glibc's default) for all of them from the start, alike.
+    from mpitrain.core import host_malloc
+
+    kept = False if args.malloc_default else host_malloc.keep_freed_memory(1 << 30)
     warm = warm_the_link(world, 2 * args.width ** 2 * 4)
     names = list(args.contenders)
     if "horovod" in names:
@@ -266,6 +272,7 @@ def worker(args: argparse.Namespace) -> int:
         load = os.getloadavg()
         print("BENCH " + json.dumps({"size": world.size, "width": args.width,
                                      "batch": args.batch, "load": load, "warm": warm,
+                                     "malloc_kept": kept,
                                      "results": results}), flush=True)
     return 0
 
@@ -284,7 +291,9 @@ def report(data: dict, shaped: dict[str, str], hosts: int) -> str:
              + (", ".join(f"{k} {v}" for k, v in shaped.items()) or "unshaped")
              + f"; load average at the end {data['load'][0]:.1f}"
              + (f"; link warmed first by {data['warm'][0]} calls of MPI's Allreduce in "
-                f"{data['warm'][1]:.1f} s" if "warm" in data else ""),
+                f"{data['warm'][1]:.1f} s" if "warm" in data else "")
+             + ("; every contender with glibc keeping freed memory (as mpitrain's init sets)"
+                if data.get("malloc_kept") else "; glibc malloc's defaults"),
              f"{'contender':>10} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8} {'p95/p50':>8} "
              f"{'max/p50':>8} {'vs ideal':>9} {'vs none':>8} {'first/steady':>13} "
              f"{'retrans/step':>13} {'RTOs':>5}"]
@@ -328,6 +337,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", default="128kb", help="tbf bucket")
     parser.add_argument("--latency", default="10ms", help="tbf queueing bound")
     parser.add_argument("--no-shape", action="store_true", help="leave the links unshaped")
+    parser.add_argument("--malloc-default", action="store_true",
+                        help="leave glibc's malloc as it is for every contender (mpitrain's "
+                        "init() otherwise keeps freed memory: MPITRAIN_MALLOC_TRIM_THRESHOLD)")
     parser.add_argument("--name", default="mtstep", help="cluster name")
     parser.add_argument("--json", help="also write every step's time here")
     parser.add_argument("--log", help="also write the job's stderr here (with "
@@ -350,8 +362,11 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_shape:
             cluster.shape(args.rate, args.burst, args.latency)
         command = [sys.executable, str(Path(__file__).resolve()), "--worker", *forwarded]
+        env = launch_env()
+        if args.malloc_default:
+            env["MPITRAIN_MALLOC_TRIM_THRESHOLD"] = "0"
         result = subprocess.run(cluster.launch_argv(args.hosts * args.slots, command),
-                                env=launch_env(), capture_output=True, text=True, timeout=7200)
+                                env=env, capture_output=True, text=True, timeout=7200)
         shaped = dict(cluster.shaped)
     if args.log:
         Path(args.log).write_text(result.stderr)

@@ -140,6 +140,7 @@ class Config:
     bind_device: bool = True
     cuda_aware_mpi: str = "auto"
     set_cpu_threads: bool = True
+    malloc_trim_threshold: int = 1 << 30
     abort_on_error: bool = True
     start_timeout: float = 0.0
     log_level: str = "WARNING"
@@ -234,6 +235,11 @@ VARIABLES: tuple[Variable, ...] = (
     Variable("set_cpu_threads", "MPITRAIN_SET_CPU_THREADS", _parse_bool,
              "Give each rank cores // ranks-on-this-machine torch threads unless OMP_NUM_THREADS "
              "is set."),
+    Variable("malloc_trim_threshold", "MPITRAIN_MALLOC_TRIM_THRESHOLD", _parse_nonneg_int,
+             "Bytes of freed memory glibc's malloc keeps mapped for reuse, with chunks up to "
+             "32 MiB served from its heap, set at init(): a training step's large temporaries "
+             "then reuse pages instead of faulting them in again every step. 0, or glibc's own "
+             "MALLOC_*_ variables or GLIBC_TUNABLES set: malloc is left as it is."),
     Variable("abort_on_error", "MPITRAIN_ABORT_ON_ERROR", _parse_bool,
              "An uncaught exception on any rank aborts the whole job, naming the rank "
              "(before init() too, once the script has started MPI)."),

@@ -17,7 +17,17 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from . import _mpi, binding, departures, failure, job_env, launchers, survivors, topology
+from . import (
+    _mpi,
+    binding,
+    departures,
+    failure,
+    host_malloc,
+    job_env,
+    launchers,
+    survivors,
+    topology,
+)
 from . import config as config_module
 from .departures import Phase
 from .errors import not_initialized
@@ -115,6 +125,7 @@ def start(comm: Any = None) -> State:
                            has_gpu=binding.cuda_device_count() > 0)
             threads = (binding.set_cpu_threads(topo.machine_local_size) if cfg.set_cpu_threads
                        else None)
+            host_malloc.keep_freed_memory(cfg.malloc_trim_threshold)
             failure.arm(comms.world, topo)  # collective: before any thread above uses MPI
             spare = comms.world.Dup()
         except BaseException:
