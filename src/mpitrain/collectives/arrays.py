@@ -151,49 +151,52 @@ def check_tensor(x: Any, what: str = "tensor") -> str:
         ValueError: ``x`` is not contiguous.
     """
     name = dtype_name(x, what)
-    if is_cuda(x):
-        _cupy(f"a collective on {what} (on CUDA)")  # a clear error without cupy or a GPU
+    if not is_torch(x):  # (once: every submission of a collective comes through here)
+        if hasattr(x, "__cuda_array_interface__"):
+            _cupy(f"a collective on {what} (on CUDA)")  # a clear error without cupy or a GPU
+            _check_bound_device(x, what)
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{what} is not C-contiguous (shape {x.shape}, strides "
+                             f"{x.strides}); call numpy.ascontiguousarray first")
+        return name
+    if x.is_cuda:
+        _cupy(f"a collective on {what} (on CUDA)")
         _check_bound_device(x, what)
-    elif is_torch(x) and not x.is_cpu:
+    elif not x.is_cpu:
         raise TypeError(f"{what} is on {x.device}; mpitrain's data plane handles CPU and CUDA "
                         "tensors")
-    if is_torch(x):
-        if x.is_sparse:
-            raise TypeError(f"{what} is sparse; allreduce sparse gradients through allgather "
-                            "(DistributedOptimizer does this) or densify with .to_dense()")
-        if not x.is_contiguous():
-            raise ValueError(f"{what} is not contiguous (shape {tuple(x.shape)}, strides "
-                             f"{x.stride()}); call .contiguous() first")
-    elif not x.flags.c_contiguous:
-        raise ValueError(f"{what} is not C-contiguous (shape {x.shape}, strides {x.strides}); "
-                         "call numpy.ascontiguousarray first")
+    if x.is_sparse:
+        raise TypeError(f"{what} is sparse; allreduce sparse gradients through allgather "
+                        "(DistributedOptimizer does this) or densify with .to_dense()")
+    if not x.is_contiguous():
+        raise ValueError(f"{what} is not contiguous (shape {tuple(x.shape)}, strides "
+                         f"{x.stride()}); call .contiguous() first")
     return name
 
 
 def storage_view(x: Any) -> Any:
     """A view of ``x``'s memory in its storage type (no copy), same shape: numpy for host
     memory, cupy for device memory."""
-    if is_cuda(x):
+    if not is_torch(x):
+        if hasattr(x, "__cuda_array_interface__"):
+            return _cupy("a collective on CUDA tensors").asarray(x)
+        if x.dtype.name == "bfloat16":
+            return x.view(np.uint16)
+        return x
+    torch = sys.modules["torch"]
+    if x.is_cuda:
         cupy = _cupy("a collective on CUDA tensors")
-        if is_torch(x):
-            torch = sys.modules["torch"]
-            x = x.detach()
-            if x.dtype == torch.bfloat16:
-                return cupy.from_dlpack(x.view(torch.int16)).view(np.uint16)
-            if x.dtype == torch.bool:
-                return cupy.from_dlpack(x.view(torch.uint8)).view(np.bool_)
-            return cupy.from_dlpack(x)
-        return cupy.asarray(x)
-    if is_torch(x):
-        torch = sys.modules["torch"]
-        if x.requires_grad:
-            x = x.detach()
+        x = x.detach()
         if x.dtype == torch.bfloat16:
-            return x.view(torch.int16).numpy().view(np.uint16)
-        return x.numpy()
-    if x.dtype.name == "bfloat16":
-        return x.view(np.uint16)
-    return x
+            return cupy.from_dlpack(x.view(torch.int16)).view(np.uint16)
+        if x.dtype == torch.bool:
+            return cupy.from_dlpack(x.view(torch.uint8)).view(np.bool_)
+        return cupy.from_dlpack(x)
+    if x.requires_grad:
+        x = x.detach()
+    if x.dtype == torch.bfloat16:
+        return x.view(torch.int16).numpy().view(np.uint16)
+    return x.numpy()
 
 
 def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
@@ -201,7 +204,7 @@ def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
     out: Any
     shape = tuple(x.shape) if shape is None else shape
     torch = sys.modules["torch"] if is_torch(x) else None
-    if is_cuda(x):
+    if (x.is_cuda if torch is not None else hasattr(x, "__cuda_array_interface__")):
         if torch is not None:
             out = torch.empty(shape, dtype=x.dtype, device=x.device)
         else:
@@ -209,11 +212,11 @@ def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
             with cupy.cuda.Device(device_index(x)):
                 out = cupy.empty(shape, dtype=x.dtype)
         return out, storage_view(out)
-    nbytes = math.prod(shape) * _itemsize(x)
-    if nbytes >= RECYCLER.min_bytes:
+    itemsize = x.element_size() if torch is not None else x.dtype.itemsize
+    if math.prod(shape) * itemsize >= RECYCLER.min_bytes:
         # Large outputs come from recycled, huge-page memory: a fresh 64 MiB tensor would
         # spend longer in page faults than the allreduce takes (see mpitrain.core.memory).
-        raw = RECYCLER.take(nbytes)
+        raw = RECYCLER.take(math.prod(shape) * itemsize)
         if torch is not None:
             storage = _TORCH_STORAGE_BY_NAME[_torch_names()[x.dtype]]
             out = torch.from_numpy(raw.view(storage)).view(x.dtype).view(shape)
@@ -233,12 +236,6 @@ def empty_like(x: Any, shape: tuple[int, ...] | None = None) -> tuple[Any, Any]:
         return torch.from_numpy(raw), raw
     out = np.empty(shape, dtype=x.dtype)
     return out, storage_view(out)
-
-
-def _itemsize(x: Any) -> int:
-    if is_torch(x):
-        return int(x.element_size())
-    return int(x.dtype.itemsize)
 
 
 def allocator_like(x: Any, keep: list[Any]) -> Callable[[tuple[int, ...]], Any]:

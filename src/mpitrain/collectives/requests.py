@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -103,19 +103,31 @@ def request_name(name: str | None, set_id: int, kind: Kind) -> str:
     return name
 
 
-@contextlib.contextmanager
-def refused_everywhere(name: str, kind: Kind, set_id: int) -> Iterator[None]:
+class refused_everywhere:  # named as the function it replaced: `with refused_everywhere(...)`
     """Around a call's validation: if this rank refuses its arguments, tell the other ranks
     before raising, so that their submissions of the same collective fail at once with this
     rank's reason (the engine negotiates a stand-in request, ``request.refusal``) instead of
-    waiting for a call that will never come."""
-    try:
-        yield
-    except (ValueError, TypeError) as exc:
-        with contextlib.suppress(ValueError, MpitrainInternalError):  # not a member, stopped
-            session.engine().submit(refusal(name, kind, set_id,
-                                            f"{type(exc).__name__}: {exc}"))
-        raise
+    waiting for a call that will never come.
+
+    A class rather than a generator-based context manager: every submission enters one, and
+    contextlib's costs a few microseconds of a 25-microsecond call.
+    """
+
+    __slots__ = ("kind", "name", "set_id")
+
+    def __init__(self, name: str, kind: Kind, set_id: int) -> None:
+        self.name, self.kind, self.set_id = name, kind, set_id
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 traceback: Any) -> None:
+        if exc_type is not None and issubclass(exc_type, (ValueError, TypeError)):
+            with contextlib.suppress(ValueError, MpitrainInternalError):  # not a member, stopped
+                session.engine().submit(refusal(self.name, self.kind, self.set_id,
+                                                f"{exc_type.__name__}: {exc}"))
+        # (None: the exception, if any, goes on)
 
 
 class _Blocking(threading.local):
