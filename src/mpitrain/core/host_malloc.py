@@ -7,8 +7,9 @@ default glibc returns a freed region at the top of its heap to the system once i
 ``M_MMAP_THRESHOLD`` on its own and unmaps it when freed; either way the next step faults
 every page in again.  Measured on 2 x Linear(2048, 2048), 4 ranks on 2 cores across two
 namespace hosts (2026-11-29): 8,192 page faults (32 MiB) per rank on most steps, 70-80 ms of
-CPU each time; the fp16 step's p50 went from 227 to 213 ms and PowerSGD's slow steps (a rank
-faulting while the others waited for it) went away once the memory was kept.
+CPU each time; with the memory kept the fp16 step's p50 went from 227 to 213 ms.  What this
+cannot prevent is the heap growing when small allocations split a freed chunk: the growing
+rank still faults the new pages in, now and then, while the others wait (docs/performance.md).
 
 :func:`keep_freed_memory` sets ``M_MMAP_THRESHOLD`` to glibc's largest (32 MiB on 64-bit: a
 larger chunk is still mapped apart) and ``M_TRIM_THRESHOLD`` to the bytes asked for.  The
