@@ -46,6 +46,9 @@ class SetRegistry:
     def __init__(self, lock: threading.Condition, config: Config, timeline: Timeline,
                  topo: topology.Topology, fusion_threshold: Callable[[], int]) -> None:
         self._lock = lock
+        # Guards the unnamed-request counters on their own, held by align_names across its
+        # exchange (see there); not the engine's lock, so submissions go on meanwhile.
+        self._names = threading.Lock()
         self._config = config
         self._fusion_threshold = fusion_threshold
         self._timeline = timeline
@@ -136,7 +139,7 @@ class SetRegistry:
     def next_name(self, set_id: int, kind: Kind) -> str:
         """A name for an unnamed request: identical programs produce identical names."""
         state = self.get(set_id)
-        with self._lock:
+        with self._names:
             n = state.name_counters.get(kind, 0)
             state.name_counters[kind] = n + 1
         return generated_name(kind, n, set_id)
@@ -150,16 +153,22 @@ class SetRegistry:
         counters moved and the joined ranks' did not.  Every rank is inside join() now, so no
         unnamed request is being named: take the largest count of each kind everywhere, and
         the next unnamed collective has the same name on every rank again.
+
+        The counters stay locked from the read to the write.  The exchange can release another
+        rank (its failed request completes once its own exchange is done), which can then meet
+        this rank's program in a collective of the user's own and let it go on to its next
+        unnamed call while this thread still holds the old counts: that name must wait for the
+        aligned count rather than be drawn from the old one and then overwritten (the same
+        name twice here, one ahead on the other ranks from then on).
         """
         assert state.negotiator is not None
         kinds = list(Kind)
-        with self._lock:
+        with self._names:
             counts = np.array([state.name_counters.get(k, 0) for k in kinds]
                               + [len(state.negotiator.pending)], dtype=np.int64)
-        wait_for(state.negotiator.comm.Iallreduce(MPI.IN_PLACE, counts, op=MPI.MAX))
-        if only_if_quiet and counts[-1] > 0:
-            return  # some rank still waits for its peers' calls: their numbers still count
-        with self._lock:
+            wait_for(state.negotiator.comm.Iallreduce(MPI.IN_PLACE, counts, op=MPI.MAX))
+            if only_if_quiet and counts[-1] > 0:
+                return  # some rank still waits for its peers' calls: their numbers still count
             for kind, count in zip(kinds, counts[:-1].tolist()):
                 state.name_counters[kind] = count
 
