@@ -62,6 +62,35 @@ def test_repeated_names_hit_the_cache(hvd):
     assert stats(hvd)["announcement_rounds"] == before
 
 
+@pytest.mark.parametrize("call", ["allreduce_async_", "grouped_allreduce_async_",
+                                  "allreduce_async", "allgather_async", "broadcast_async_"])
+def test_a_finished_request_lets_go_of_its_tensors_without_the_cyclic_collector(hvd, call):
+    # A handle and its request used to refer to each other: a gradient reduced in place lived
+    # on after its step until Python's full collection (the heap grew 32 MiB per step of a
+    # PowerSGD warm-up, then by 16 MiB now and then: 40-60 ms of page faults each time).
+    import gc
+    import weakref
+
+    tensor = torch.ones(1024)
+    alive = weakref.ref(tensor)
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        fn = getattr(hvd, call)
+        if call.startswith("grouped"):
+            handle = fn([tensor], name=f"released.{call}")
+        elif call.startswith("broadcast"):
+            handle = fn(tensor, root_rank=0, name=f"released.{call}")
+        else:
+            handle = fn(tensor, name=f"released.{call}")
+        result = hvd.synchronize(handle)
+        del tensor, handle, result
+        assert alive() is None, f"{call}: the tensor outlived its handle and its result"
+    finally:
+        if collecting:
+            gc.enable()
+
+
 def test_unnamed_requests_match_by_order(hvd):
     outs = [hvd.allreduce(torch.full((2,), float(RANK + i)), op=hvd.Sum) for i in range(5)]
     for i, out in enumerate(outs):

@@ -319,7 +319,7 @@ class Engine:
                     continue
                 names.discard(request.name)
                 if request.handle is not None:
-                    handles.append(request.handle)
+                    handles.append(_released(request))
         if handles:
             self.completion.finish(handles)
 
@@ -331,7 +331,7 @@ class Engine:
                 if request.handle is not None:
                     request.handle.fail(MpitrainInternalError(
                         f"{request.kind.label} '{request.name}': {message}"))
-                    handles.append(request.handle)
+                    handles.append(_released(request))
         self.completion.finish(handles)
 
     def _finish_all(self, message: str) -> None:
@@ -378,3 +378,22 @@ def _stopped_by(ranks: list[int]) -> str:
     who = ranks_text(ranks) if ranks else "some rank"
     return (f"mpitrain was shut down on {who} (shutdown() was called there, or its program "
             "ended) while this request was in flight")
+
+
+def _released(request: Request) -> Handle:
+    """``request``'s handle, which no longer points back at it.
+
+    A handle and its request refer to each other, and the request's entries hold the caller's
+    tensors: a reference cycle, which only Python's cyclic collector frees.  A gradient
+    reduced in place, its handle dropped after ``synchronize()``, then outlived its step by
+    many (requests that live through a step reach the collector's oldest generation, collected
+    rarely): on 2 x Linear(2048, 2048) with PowerSGD, 32 MiB more heap per step until a full
+    collection, and, freed in a heap split by everything allocated meanwhile, the heap grew
+    by 16 MiB now and then ever after, 4,096 page faults and 40-60 ms of one rank's step each
+    time.  Once finished, the engine needs the request no more; the handle keeps it (its name
+    for messages).
+    """
+    handle = request.handle
+    assert handle is not None
+    request.handle = None
+    return handle
