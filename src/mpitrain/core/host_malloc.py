@@ -9,7 +9,9 @@ every page in again.  Measured on 2 x Linear(2048, 2048), 4 ranks on 2 cores acr
 namespace hosts (2026-11-29): 8,192 page faults (32 MiB) per rank on most steps, 70-80 ms of
 CPU each time; with the memory kept the fp16 step's p50 went from 227 to 213 ms.  What this
 cannot prevent is the heap growing when small allocations split a freed chunk: the growing
-rank still faults the new pages in, now and then, while the others wait (docs/performance.md).
+rank still faults the new pages in while the others wait.  That is rare once freed tensors
+go back at once (it was every few steps while finished requests kept their gradients alive
+until Python's cyclic collector ran: ``engine._released``).
 
 :func:`keep_freed_memory` sets ``M_MMAP_THRESHOLD`` to glibc's largest (32 MiB on 64-bit: a
 larger chunk is still mapped apart) and ``M_TRIM_THRESHOLD`` to the bytes asked for.  The
