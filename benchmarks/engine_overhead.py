@@ -16,8 +16,11 @@ imports (an environment built by ``benchmarks/horovod_peer.sh``), Horovod's engi
 same three patterns in the same job, as the live peer.  The engines take turns, round after
 round (``--rounds``): each is measured while the other is shut down, as a user runs one of
 them, not both (Horovod's idle background thread polls MPI every cycle and takes a core from
-whichever engine is being measured; ours sleeps).  Medians over the rounds of the median of
-``--repeats``, in microseconds per tensor.  Rank 0 prints the table::
+whichever engine is being measured; ours sleeps).  Medians over the rounds of the mean of
+``--repeats`` (the mean, so that a pause of Python's cyclic collector counts: 112 ms with
+torch imported, unless mpitrain's init() froze the imports, which then holds for Horovod's
+turns too; see :mod:`mpitrain.core.collector`), in microseconds per tensor.  Rank 0 prints
+the table::
 
     .venv-horovod/bin/mpirun -np 2 .venv-horovod/bin/python benchmarks/engine_overhead.py
 """
@@ -39,13 +42,15 @@ import mpitrain as hvd
 
 
 def _timed(fn, repeats: int) -> float:
+    """The mean time of ``fn`` over ``repeats`` runs: a pause of Python's cyclic collector
+    in one of them is part of what a user pays, which a median would leave out."""
     times = []
     for _ in range(repeats):
         MPI.COMM_WORLD.Barrier()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return statistics.fmean(times)
 
 
 def patterns(api: Any, label: str,
@@ -95,7 +100,7 @@ def measure(api: Any, label: str, tensors: list[torch.Tensor],
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--ops", type=int, default=1000, help="tensors per pattern")
-    parser.add_argument("--repeats", type=int, default=7, help="timed repeats (median)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed repeats (mean)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="turns of each engine (median over them)")
     args = parser.parse_args()
@@ -130,7 +135,8 @@ def main() -> None:
             samples.setdefault(label, []).append(us)
     if MPI.COMM_WORLD.Get_rank() == 0:
         print(f"engine overhead, {size} ranks, {n} tensors of 4 float32, median of "
-              f"{args.rounds} rounds x {args.repeats} repeats; load {os.getloadavg()[0]:.2f}")
+              f"{args.rounds} rounds of the mean of {args.repeats} repeats; "
+              f"load {os.getloadavg()[0]:.2f}")
         mpi_us = statistics.median(samples["mpi4py Allreduce (one at a time)"])
         for label, values in samples.items():
             us = statistics.median(values)

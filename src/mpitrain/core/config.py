@@ -141,6 +141,7 @@ class Config:
     cuda_aware_mpi: str = "auto"
     set_cpu_threads: bool = True
     malloc_trim_threshold: int = 1 << 30
+    gc_freeze: bool = True
     abort_on_error: bool = True
     start_timeout: float = 0.0
     log_level: str = "WARNING"
@@ -240,6 +241,11 @@ VARIABLES: tuple[Variable, ...] = (
              "32 MiB served from its heap, set at init(): a training step's large temporaries "
              "then reuse pages instead of faulting them in again every step. 0, or glibc's own "
              "MALLOC_*_ variables or GLIBC_TUNABLES set: malloc is left as it is."),
+    Variable("gc_freeze", "MPITRAIN_GC_FREEZE", _parse_bool,
+             "At init(), move the objects Python's cyclic collector tracks then (the imports: "
+             "270,000 with torch) into its permanent generation, so that a full collection "
+             "examines only what was created since (0.6 ms instead of 112 ms with torch); "
+             "0 leaves the collector as it is."),
     Variable("abort_on_error", "MPITRAIN_ABORT_ON_ERROR", _parse_bool,
              "An uncaught exception on any rank aborts the whole job, naming the rank "
              "(before init() too, once the script has started MPI)."),

@@ -20,6 +20,7 @@ from typing import Any
 from . import (
     _mpi,
     binding,
+    collector,
     departures,
     failure,
     host_malloc,
@@ -126,6 +127,7 @@ def start(comm: Any = None) -> State:
             threads = (binding.set_cpu_threads(topo.machine_local_size) if cfg.set_cpu_threads
                        else None)
             host_malloc.keep_freed_memory(cfg.malloc_trim_threshold)
+            collector.freeze_imports(cfg.gc_freeze)
             failure.arm(comms.world, topo)  # collective: before any thread above uses MPI
             spare = comms.world.Dup()
         except BaseException:
