@@ -174,6 +174,42 @@ def check_tensor(x: Any, what: str = "tensor") -> str:
     return name
 
 
+def plain_host_tensor(x: Any) -> tuple[str, np.ndarray] | None:
+    """``(dtype name, storage view)`` of a dense, contiguous CPU torch tensor of a supported
+    dtype, in one pass; None for anything else.
+
+    Nearly every submission is such a tensor: :func:`check_tensor`, :func:`storage_view` and
+    :func:`device_of` would ask torch the same questions again, a microsecond of a call whose
+    whole engine budget is about fifteen.  For anything else the caller takes the general
+    path, whose errors say what is wrong with the argument.
+    """
+    torch = sys.modules.get("torch")
+    if (torch is None or not isinstance(x, torch.Tensor) or not x.is_cpu or x.is_sparse
+            or not x.is_contiguous()):
+        return None
+    name = _torch_names().get(x.dtype)
+    if name is None:
+        return None
+    if x.requires_grad:
+        x = x.detach()
+    if name == "bfloat16":
+        return name, x.view(torch.int16).numpy().view(np.uint16)
+    return name, x.numpy()
+
+
+def new_host_tensor(view: np.ndarray, name: str) -> Any:
+    """A new, uninitialised CPU torch tensor shaped like ``view`` (a storage view from
+    :func:`plain_host_tensor`), of dtype ``name``; returns ``(tensor, its storage view)``.
+
+    numpy's memory under the tensor, for the reason :func:`empty_like` gives.
+    """
+    torch = sys.modules["torch"]
+    raw: np.ndarray = np.empty(view.shape, dtype=_TORCH_STORAGE_BY_NAME[name])
+    if name == "bfloat16":
+        return torch.from_numpy(raw).view(torch.bfloat16), raw.view(np.uint16)
+    return torch.from_numpy(raw), raw
+
+
 def storage_view(x: Any) -> Any:
     """A view of ``x``'s memory in its storage type (no copy), same shape: numpy for host
     memory, cupy for device memory."""

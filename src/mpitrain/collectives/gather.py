@@ -23,6 +23,7 @@ from .requests import (
     refused_everywhere,
     request_name,
     submit,
+    submit_for,
     wait_now,
 )
 
@@ -86,9 +87,10 @@ def _broadcast_request(tensor: Any, root_rank: int, in_place: bool, name: str | 
             entry, out = entry_in_place(tensor, "tensor"), tensor
         else:
             entry, out = entry_new_output(tensor, "tensor")
-        device = device_kind([tensor])
+        device = device_kind([tensor], [entry])
     request = Request(name=full_name, kind=Kind.BROADCAST, entries=[entry], root=root,
-                      device=device, ready=ready_events([tensor]), process_set_id=set_id)
+                      device=device, ready=ready_events([tensor], device),
+                      process_set_id=set_id)
     return request, out
 
 
@@ -96,14 +98,14 @@ def broadcast_async(tensor: Any, root_rank: int, name: str | None = None,
                     process_set: ProcessSet = global_process_set) -> Handle:
     """Start copying ``tensor`` of ``root_rank`` (a world rank) into a new tensor everywhere."""
     request, out = _broadcast_request(tensor, root_rank, False, name, process_set)
-    return submit(request, lambda h: out)
+    return submit_for(request, out)
 
 
 def broadcast_async_(tensor: Any, root_rank: int, name: str | None = None,
                      process_set: ProcessSet = global_process_set) -> Handle:
     """Start overwriting ``tensor`` everywhere with the one of ``root_rank``."""
     request, out = _broadcast_request(tensor, root_rank, True, name, process_set)
-    return submit(request, lambda h: out)
+    return submit_for(request, out)
 
 
 def broadcast(tensor: Any, root_rank: int, name: str | None = None,

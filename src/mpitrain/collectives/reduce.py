@@ -23,6 +23,7 @@ from .requests import (
     resolve_op,
     scale_factor,
     submit,
+    submit_for,
     wait_now,
 )
 
@@ -52,10 +53,10 @@ def _reduction_request(kind: Kind, tensors: Sequence[Any], name: str | None, op:
             entry, keep = make_entry(t, what, reduce_op, pre, post)
             entries.append(entry)
             kept.append(keep)
-        device = device_kind(tensors)
+        device = device_kind(tensors, entries)
     request = Request(name=full_name, kind=kind, entries=entries, op=reduce_op,
                       prescale=pre, postscale=post, device=device,
-                      ready=ready_events(tensors), process_set_id=set_id)
+                      ready=ready_events(tensors, device), process_set_id=set_id)
     return request, kept
 
 
@@ -82,7 +83,7 @@ def _submit_allreduce(tensors: list[Any], in_place: bool, name: str | None, op: 
 
     request, outputs = _reduction_request(Kind.ALLREDUCE, tensors, name, op, average, scales,
                                           process_set, make_entry)
-    return submit(request, (lambda h: outputs) if grouped else (lambda h: outputs[0]))
+    return submit_for(request, outputs if grouped else outputs[0])
 
 
 def allreduce_async(tensor: Any, average: bool | None = None, name: str | None = None,

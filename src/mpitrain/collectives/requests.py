@@ -20,6 +20,7 @@ from .. import session
 from ..core.adasum_layout import check_layout
 from ..core.dtypes import ReduceOp
 from ..core.errors import MpitrainInternalError
+from ..core.memory import RECYCLER
 from ..core.process_sets import ProcessSet, set_id_of
 from ..engine import device
 from ..engine.request import Entry, Handle, Kind, Request, refusal
@@ -139,9 +140,22 @@ class _Blocking(threading.local):
 _blocking = _Blocking()
 
 
-def submit(request: Request, finish: Any) -> Handle:
+def submit(request: Request, finish: Callable[[Handle], Any] | None) -> Handle:
+    """Submit ``request``; ``finish(handle)`` makes what ``synchronize`` returns, once."""
     handle: Handle = session.engine().submit(request, wake=not _blocking.now)
     handle._finish = finish
+    return handle
+
+
+def submit_for(request: Request, result: Any) -> Handle:
+    """Submit ``request`` whose ``synchronize`` returns ``result`` (tensors the engine fills).
+
+    No closure per call: a burst of a thousand requests keeps every handle alive across
+    several of Python's younger collections, and each object it holds brings the next full
+    collection nearer (see :mod:`mpitrain.core.collector`).
+    """
+    handle: Handle = session.engine().submit(request, wake=not _blocking.now)
+    handle.result = result
     return handle
 
 
@@ -161,12 +175,21 @@ def wait_now(start: Callable[..., Handle], *args: Any) -> Any:
 
 
 def entry_in_place(tensor: Any, what: str) -> Entry:
+    plain = arrays.plain_host_tensor(tensor)
+    if plain is not None:
+        dtype, view = plain
+        return Entry(input=view, shape=view.shape, dtype=dtype, output=view)
     dtype = arrays.check_tensor(tensor, what)
     view = arrays.storage_view(tensor)
     return Entry(input=view, shape=tuple(tensor.shape), dtype=dtype, output=view)
 
 
 def entry_new_output(tensor: Any, what: str) -> tuple[Entry, Any]:
+    plain = arrays.plain_host_tensor(tensor)
+    if plain is not None and plain[1].nbytes < RECYCLER.min_bytes:
+        dtype, view = plain
+        out, out_view = arrays.new_host_tensor(view, dtype)
+        return Entry(input=view, shape=view.shape, dtype=dtype, output=out_view), out
     dtype = arrays.check_tensor(tensor, what)
     out, out_view = arrays.empty_like(tensor)
     entry = Entry(input=arrays.storage_view(tensor), shape=tuple(tensor.shape), dtype=dtype,
@@ -174,8 +197,11 @@ def entry_new_output(tensor: Any, what: str) -> tuple[Entry, Any]:
     return entry, out
 
 
-def device_kind(tensors: Sequence[Any]) -> str:
-    """The device kind (``cpu``/``cuda``) negotiated with the other ranks."""
+def device_kind(tensors: Sequence[Any], entries: Sequence[Entry] = ()) -> str:
+    """The device kind (``cpu``/``cuda``) negotiated with the other ranks; ``entries``, when
+    given, are the tensors' entries: numpy storage views say host memory at once."""
+    if entries and all(type(e.input) is np.ndarray for e in entries):
+        return "cpu"
     if len(tensors) == 1:
         return arrays.device_of(tensors[0])
     devices = {(arrays.device_of(t), arrays.device_index(t)) for t in tensors}
@@ -185,10 +211,11 @@ def device_kind(tensors: Sequence[Any]) -> str:
     return devices.pop()[0] if devices else "cpu"
 
 
-def ready_events(tensors: Sequence[Any]) -> Any:
+def ready_events(tensors: Sequence[Any], kind: str | None = None) -> Any:
     """For CUDA tensors: events on the framework's current streams, recorded now, that the
-    device data plane waits for before reading them (see :mod:`mpitrain.engine.device`)."""
-    if not tensors or not arrays.is_cuda(tensors[0]):
+    device data plane waits for before reading them (see :mod:`mpitrain.engine.device`).
+    ``kind``: the tensors' device kind, when known (``device_kind``)."""
+    if kind == "cpu" or not tensors or not arrays.is_cuda(tensors[0]):
         return None
     return device.mark_ready([arrays.current_stream(t) for t in tensors])
 
