@@ -1,5 +1,8 @@
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
+from mpitrain.engine import buckets as buckets_module
 from mpitrain.engine.cache import ResponseCache
 from mpitrain.engine.fusion import Piece, plan
 from mpitrain.engine.negotiation import Response
@@ -58,6 +61,17 @@ def test_fusion_oversized_piece_travels_alone():
 def test_fusion_disabled_with_zero_threshold():
     buckets = plan([("k", _piece(4)) for _ in range(3)], threshold=0)
     assert len(buckets) == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["f32", "f64"]), st.integers(0, 8)), max_size=12),
+       st.integers(0, 40))
+def test_fusion_cuts_as_gradient_buckets_are_cut(items, threshold):
+    """Fusion's shortcut for one key within the threshold cuts as buckets.plan does."""
+    pieces = [(key, _piece(4 * n)) for key, n in items]
+    expected = [[pieces[i][1] for i in group]
+                for group in buckets_module.plan([(k, p.nbytes) for k, p in pieces], threshold)]
+    assert plan(pieces, threshold) == expected
 
 
 def _meta(shape, dtype="float32", kind=Kind.ALLREDUCE, op=0, root=-1):

@@ -26,7 +26,7 @@ _OP_OF = {int(o): o for o in ReduceOp}  # a dict lookup instead of Enum.__call__
 
 
 def _flat(a: np.ndarray) -> np.ndarray:
-    return a.reshape(-1)
+    return a if a.ndim == 1 else a.reshape(-1)  # (a reshape costs more than the question)
 
 
 def _address(a: np.ndarray) -> int:
@@ -103,16 +103,14 @@ class Executor:
             elif kind == Kind.ALLREDUCE:
                 request, meta = resp.request, resp.meta
                 entries = request.entries if request is not None else _zeros_entries(meta)
-                # The one place an allreduce's Average becomes a Sum and a postscale.
-                op, post = average_as_sum(_OP_OF[meta.reduce_op], meta.postscale,
-                                          self.group.size)
-                pre = meta.prescale
                 for i, e in enumerate(entries):
                     assert e.input is not None and e.output is not None
-                    key = (e.dtype, op, pre, post, meta.device)
+                    # The fusion key: pieces reduced the same way share buckets.
+                    key = (e.dtype, meta.reduce_op, meta.prescale, meta.postscale,
+                           meta.device)
                     how = reductions.get(key)
                     if how is None:
-                        how = reductions[key] = ops.Reduction(e.dtype, pre, post, op)
+                        how = reductions[key] = self._reduction(e.dtype, meta)
                     allreduce.append((key, Piece(resp, i, _flat(e.input), _flat(e.output),
                                                  e.dtype, how)))
             elif kind == Kind.BROADCAST and is_cuda(resp.meta):
@@ -135,6 +133,12 @@ class Executor:
                 self._broadcast(bucket)
         for resp in others:
             self._single(resp)
+
+    def _reduction(self, dtype: str, meta: RequestMeta) -> ops.Reduction:
+        """How the data plane reduces ``dtype`` pieces of requests like ``meta``: the one
+        place an allreduce's Average becomes a Sum and a postscale."""
+        op, post = average_as_sum(_OP_OF[meta.reduce_op], meta.postscale, self.group.size)
+        return ops.Reduction(dtype, meta.prescale, post, op)
 
     # -------------------------------------------------------------------------- allreduce
     def _allreduce(self, bucket: list[Piece]) -> None:

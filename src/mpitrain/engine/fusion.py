@@ -11,7 +11,6 @@ buckets.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable
-from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,24 +19,36 @@ from . import buckets
 from .negotiation import Response
 
 
-@dataclass(eq=False)
 class Piece:
-    """One tensor of one decided request, as flat storage arrays."""
+    """One tensor of one decided request, as flat storage arrays.
 
-    response: Response
-    index: int
-    input: np.ndarray
-    output: np.ndarray
-    dtype: str
-    reduction: ops.Reduction | None = None  # an allreduce's, as the data plane runs it
+    A plain class with its size worked out once: a round of a thousand small gradients makes
+    a thousand pieces, and fusion asks each for its size.
+    """
 
-    @property
-    def nbytes(self) -> int:
-        return int(self.input.nbytes)
+    __slots__ = ("dtype", "index", "input", "nbytes", "output", "reduction", "response")
+
+    def __init__(self, response: Response, index: int, input: np.ndarray,  # noqa: A002
+                 output: np.ndarray, dtype: str,
+                 reduction: ops.Reduction | None = None) -> None:
+        self.response = response
+        self.index = index
+        self.input = input
+        self.output = output
+        self.dtype = dtype
+        self.reduction = reduction  # an allreduce's, as the data plane runs it
+        self.nbytes: int = input.nbytes
 
 
 def plan(pieces: Iterable[tuple[Hashable, Piece]], threshold: int) -> list[list[Piece]]:
     """Group (key, piece) pairs into buckets of equal key and at most ``threshold`` bytes."""
     keyed = list(pieces)
+    if keyed:
+        # The common round, a backward pass's gradients of one dtype that fit one bucket:
+        # what buckets.plan would return, without its bookkeeping per piece.
+        first = keyed[0][0]
+        if (all(key == first for key, _ in keyed)
+                and sum(piece.nbytes for _, piece in keyed) <= threshold):
+            return [[piece for _, piece in keyed]]
     groups = buckets.plan([(key, piece.nbytes) for key, piece in keyed], threshold)
     return [[keyed[i][1] for i in group] for group in groups]

@@ -237,18 +237,23 @@ class Negotiator:
     def _cached_ready(self, ready: int, nbits: int, joined: frozenset[int],
                       rode: dict[int, np.ndarray]) -> list[Response]:
         out = []
-        for bit in _set_bits(ready, nbits):
-            cached = self.cache.entry(bit)
+        entry, hits, pending, done = self.cache.entry, self.hits, self.pending, self.wire.done
+        for bit in _set_bits(ready, nbits):  # (a thousand of them after a backward pass)
+            cached = entry(bit)
             if cached is None:
                 continue
             name, meta = cached
-            request = self.hits.pop(bit, None)
+            request = hits.pop(bit, None)
             if request is not None:
-                self.pending.pop(name, None)
-                self.wire.done(bit)
-            error = self._joined_error(name, meta, joined)
-            out.append(Response(name, meta, request, error=error, mismatch=error is not None,
-                                joined=joined, reduced=rode.get(bit)))
+                pending.pop(name, None)
+                done(bit)
+            if joined or rode:
+                error = self._joined_error(name, meta, joined)
+                out.append(Response(name, meta, request, error=error,
+                                    mismatch=error is not None, joined=joined,
+                                    reduced=rode.get(bit)))
+            else:
+                out.append(Response(name, meta, request))
         return out
 
     def _table_ready(self) -> list[Response]:

@@ -86,6 +86,10 @@ class RequestMeta(NamedTuple):
     payload: Any  # control requests: the ranks of a set to add / the id to remove
 
 
+def _new_meta(fields: tuple[Any, ...]) -> RequestMeta:
+    return tuple.__new__(RequestMeta, fields)
+
+
 @dataclass(eq=False)
 class Entry:
     """One tensor of a request, as flat storage arrays the data plane can use."""
@@ -122,10 +126,19 @@ class Request:
     submitted_at: float = field(default_factory=time.monotonic)
 
     def meta(self) -> RequestMeta:
-        """What every rank must agree on before this request may run."""
-        return RequestMeta(int(self.kind), int(self.op), float(self.prescale),
-                           float(self.postscale), int(self.root), self.device,
-                           tuple(e.meta(self.kind) for e in self.entries), self.payload)
+        """What every rank must agree on before this request may run.
+
+        Plain ints and floats, not our enums: it crosses the wire as a plain tuple (see
+        ``RequestMeta``).  Built once per request and compared with the cached one on every
+        repeat, hence the tuple built directly rather than through the named tuple's
+        keyword constructor.
+        """
+        kind = self.kind
+        entries = self.entries
+        tensors = ((entries[0].meta(kind),) if len(entries) == 1
+                   else tuple([e.meta(kind) for e in entries]))
+        return _new_meta((int(kind), int(self.op), float(self.prescale), float(self.postscale),
+                          int(self.root), self.device, tensors, self.payload))
 
     @property
     def nbytes(self) -> int:
