@@ -200,7 +200,10 @@ def entry_new_output(tensor: Any, what: str) -> tuple[Entry, Any]:
 def device_kind(tensors: Sequence[Any], entries: Sequence[Entry] = ()) -> str:
     """The device kind (``cpu``/``cuda``) negotiated with the other ranks; ``entries``, when
     given, are the tensors' entries: numpy storage views say host memory at once."""
-    if entries and all(type(e.input) is np.ndarray for e in entries):
+    if len(entries) == 1:
+        if type(entries[0].input) is np.ndarray:
+            return "cpu"
+    elif entries and all(type(e.input) is np.ndarray for e in entries):
         return "cpu"
     if len(tensors) == 1:
         return arrays.device_of(tensors[0])
