@@ -384,18 +384,12 @@ def _stopped_by(ranks: list[int]) -> str:
 def _released(request: Request) -> Handle:
     """``request``'s handle, which no longer points back at it.
 
-    A handle and its request refer to each other, and the request's entries hold the caller's
-    tensors: a reference cycle, which only Python's cyclic collector frees.  A gradient
-    reduced in place, its handle dropped after ``synchronize()``, then outlived its step by
-    many (requests that live through a step reach the collector's oldest generation, collected
-    rarely): on 2 x Linear(2048, 2048) with PowerSGD, 32 MiB more heap per step until a full
-    collection, and, freed in a heap split by everything allocated meanwhile, the heap grew
-    by 16 MiB now and then ever after, 4,096 page faults and 40-60 ms of one rank's step each
-    time.  Once finished, the engine needs the request no more; the handle keeps it (its name
-    for messages), but not its entries on the host: a handle held after ``synchronize`` (a
-    list of a backward pass's handles, until the next step) then keeps three objects alive for
-    the collector to examine instead of seven (:mod:`mpitrain.core.collector`).  A CUDA
-    request's entries stay: the device layer's streams may still read them.
+    A handle and its request referred to each other, and the entries hold the caller's
+    tensors: a cycle only the cyclic collector frees, rarely (with PowerSGD on 2 x
+    Linear(2048, 2048) 32 MiB more heap per step, 40-60 ms of page faults now and then).
+    The handle keeps the request (its name for messages), not its host entries: a handle
+    held after ``synchronize`` keeps 4 objects for the collector to examine, not 7
+    (:mod:`mpitrain.core.collector`).  CUDA entries stay: the streams may still read them.
     """
     handle = request.handle
     assert handle is not None
