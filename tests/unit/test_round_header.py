@@ -6,6 +6,8 @@ real ranks share identical ones; the exchange itself is an MPI all-gather (tests
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mpitrain.core.dtypes import ReduceOp
 from mpitrain.engine.cache import ResponseCache
@@ -86,6 +88,29 @@ def test_both_ranks_reduce_the_gathered_inputs_as_the_reference_does():
         for got in results:
             assert got[bits[name]].tobytes() == want.tobytes(), name
     assert all(wire.rode == len(cases) for wire in wires)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([np.float32, np.float64]), st.sampled_from([ReduceOp.SUM, ReduceOp.AVERAGE]),
+       st.sampled_from([1.0, 0.5, 1 / 3, 3.0, 1e30]), st.data())
+def test_a_float_sum_that_rode_has_the_reference_s_bits(dtype, op, post, data):
+    """The shortcut for float Sum/Average riders (header._float_sum) gives reference.reduce's
+    bits, inf and NaN included."""
+    values = st.floats(width=32 if dtype is np.float32 else 64, allow_nan=True,
+                       allow_infinity=True)
+    n = data.draw(st.integers(1, 8))
+    cache, wires = _ranks(2)
+    per_rank, inputs = [], []
+    for _ in range(2):
+        x = np.array(data.draw(st.lists(values, min_size=n, max_size=n)), dtype=dtype)
+        request = _request("m", x, op, 1.0, post)
+        bit = _cached(cache, request)
+        per_rank.append({bit: request})
+        inputs.append(x)
+    got = wires[0].reduced(_areas(wires, per_rank), 1 << bit)[bit]
+    want = reference.reduce(inputs, np.dtype(dtype).name, ReduceOp.SUM, 1.0,
+                            post / 2 if op == ReduceOp.AVERAGE else post)
+    assert got.dtype == want.dtype and got.tobytes() == want.tobytes()
 
 
 def test_an_allreduce_not_ready_everywhere_gets_no_result():

@@ -195,8 +195,11 @@ class RoundWire:
             inputs = [np.frombuffer(area, dtype=rider.storage, count=rider.elements,
                                      offset=w[bit])
                       for area, w in zip(areas, where)]
-            out[bit] = reference.reduce(inputs, rider.dtype, rider.op, rider.prescale,
-                                        rider.postscale)
+            if rider.float_sum:
+                out[bit] = _float_sum(inputs[0], inputs[1], rider.postscale)
+            else:
+                out[bit] = reference.reduce(inputs, rider.dtype, rider.op, rider.prescale,
+                                            rider.postscale)
         self.rode += len(out)
         return out
 
@@ -213,7 +216,9 @@ class RoundWire:
             op, post = average_as_sum(ReduceOp(meta.reduce_op), meta.postscale, self.size)
             elements = math.prod(shape)
             rider = _Rider(entry, dtype, storage, elements, elements * storage.itemsize, op,
-                           meta.prescale, post)
+                           meta.prescale, post,
+                           dtype in ("float32", "float64") and op == ReduceOp.SUM
+                           and meta.prescale == 1.0)
             self._riders_by_bit[bit] = rider
         return rider
 
@@ -229,6 +234,19 @@ class _Rider(NamedTuple):
     op: ReduceOp  # Average already a Sum (average_as_sum)
     prescale: float
     postscale: float
+    float_sum: bool  # a float32/float64 Sum or Average without a prescale: see _float_sum
+
+
+def _float_sum(a: np.ndarray, b: np.ndarray, postscale: float) -> np.ndarray:
+    """``reference.reduce([a, b], ...)`` of a float32 or float64 Sum without a prescale: the
+    same operations in the same order, so the same bits (a metric's average, the common
+    rider), without the general function's dispatch, which cost three times the addition on
+    every synchronous call."""
+    with np.errstate(over="ignore", invalid="ignore"):  # inf and NaN are results, as there
+        acc = a + b
+        if postscale != 1.0:
+            acc = acc * acc.dtype.type(postscale)
+    return acc
 
 
 __all__ = ["RIDE_RANKS", "Header", "RoundWire", "can_ride"]
