@@ -25,6 +25,7 @@ def served():
     key = job_store.new_key()
     server = job_store.StoreServer(key, ["127.0.0.1"])
     yield server, key
+    job_store.close_clients()  # the tests' clients first, as a job's teardown closes them
     server.close()
 
 
