@@ -249,6 +249,25 @@ def test_synchronous_calls_run_their_cycles_on_the_calling_thread(hvd):
     assert cycles >= 50 and inline >= 0.8 * cycles, (cycles, inline)
 
 
+def test_a_rank_with_nothing_pending_leaves_the_cycle_time(hvd):
+    """Once its last request is done, a rank runs no more rounds at the cycle time: such a
+    round would pair with another rank's round for its next request, which then needs a
+    second round (1.7 rounds per synchronous 1 MiB allreduce across 2 x 2 hosts before).
+    Calls a few cycle times apart, as a metric each step: about one round each."""
+    engine = hvd.session.engine()
+    hvd.allreduce(torch.ones(4), name="spaced", op=hvd.Sum)  # announced: cached from here
+    WORLD.Barrier()
+    before = stats(hvd)["rounds"]
+    calls = 40
+    for _ in range(calls):
+        time.sleep(5 * engine.cycle_time_s)
+        hvd.allreduce(torch.ones(4), name="spaced", op=hvd.Sum)
+        assert not engine._driver.someone_pending, "nothing is pending, yet rounds go on"
+    rounds = stats(hvd)["rounds"] - before
+    # One per call, plus the idle thread's backing-off rounds (1, 2, 4 ... 50 ms apart).
+    assert rounds <= 1.5 * calls, f"{rounds} rounds for {calls} calls"
+
+
 def test_asynchronous_calls_still_overlap_on_the_engine_thread(hvd):
     """Async submissions wake the engine thread: their reduction runs while the caller does
     something else, without anyone waiting on the handle."""
@@ -321,7 +340,7 @@ def test_work_in_a_smaller_set_keeps_the_idle_ranks_cycling(hvd):
 
     def watched_round(*args, **kwargs):
         result = plain_round(*args, **kwargs)
-        seen.append(result.someone_pending)
+        seen.append(result.pending_elsewhere)
         return result
 
     try:

@@ -44,10 +44,10 @@ class CycleDriver:
         self._lock = threading.Lock()
         self.thread: threading.Thread | None = None
         self.ended = False
-        # Some rank had requests pending after the last round: the engine thread then runs
-        # rounds at the cycle time (theirs may need this rank's rounds to pair with, in any
-        # set), unless a waiter of this rank is running them: then it stays asleep, since
-        # every wake-up takes the GIL from the waiter.
+        # Rounds may decide something (requests pending here after the last cycle, or some
+        # rank's smaller set needs this rank's global rounds): the engine thread then runs
+        # rounds at the cycle time, unless a waiter of this rank is running them: then it
+        # stays asleep, since every wake-up takes the GIL from the waiter.
         self.someone_pending = False
         self.waiter_running = False
         self.cycles = 0

@@ -4,9 +4,9 @@ One round per cycle per process set, on a communicator used for nothing else:
 
 1. **Header** (one non-blocking AND-allreduce of a few words): the cache bits of this rank's
    pending repeats (AND: ready everywhere), stale cache bits (OR), and flags (OR: someone has
-   new requests to announce / is stopping / has pending work / suspects a stall).  OR values
-   travel inverted so one AND-reduction carries both.  In steady-state training this is the
-   whole exchange: a few hundred bytes however many tensors there are.
+   new requests to announce / is stopping / has work pending in another set / suspects a
+   stall).  OR values travel inverted so one AND-reduction carries both.  In steady-state
+   training this is the whole exchange: a few hundred bytes however many tensors there are.
 2. **Announcements**, only when someone has new names: every rank's new (name, meta) pairs are
    all-gathered.  Every rank applies them to an identical table, so all ranks take the same
    decisions without a coordinator.
@@ -44,7 +44,7 @@ from .stalls import StallInspector, gather_pending
 # Flags carried in the OR word of the header.
 F_ANNOUNCE = 1
 F_STOP = 2
-F_PENDING = 4
+F_ELSEWHERE = 4
 F_STALL = 8
 F_JOINED = 16
 
@@ -80,7 +80,9 @@ class Response:
 class RoundResult:
     responses: list[Response]
     someone_stopping: bool
-    someone_pending: bool
+    # Some rank has requests pending in another process set: its cycles run this set's
+    # rounds too, which pair with every member's (see Engine._cycle).
+    pending_elsewhere: bool
     extra: np.ndarray | None = None  # the header's extra words, AND-reduced
     stopping_ranks: list[int] = field(default_factory=list)  # world ranks, when someone stops
     leaving_ranks: list[int] = field(default_factory=list)  # those of them that leave the job
@@ -153,7 +155,7 @@ class Negotiator:
         """Run one negotiation round; ``stuck``: this process has waited, idle, too long;
         ``leaving``: this rank stops to leave the job (its program ends), not to rebuild it;
         ``busy_elsewhere``: this rank has requests pending in another process set, whose
-        cycles need this set's rounds from every member (it then counts as pending here).
+        cycles need this set's rounds from every member (the others then keep cycling).
 
         ``extra``: this rank's ``extra_words`` words for the header's tail, AND-reduced like
         the rest and returned in the result (autotune's channel, :mod:`.autotune_sync`);
@@ -166,8 +168,8 @@ class Negotiator:
             flags |= F_ANNOUNCE
         if stopping:
             flags |= F_STOP
-        if self.pending or busy_elsewhere:
-            flags |= F_PENDING
+        if busy_elsewhere:
+            flags |= F_ELSEWHERE
         if self.stalls.due(self.pending):
             flags |= F_STALL
         hits = (1 << nbits) - 1 if self.locally_joined else _mask(self.hits)
@@ -200,7 +202,7 @@ class Negotiator:
         if flags_any & F_STOP:
             stopping_ranks, leaving_ranks = self._who_stops(2 if leaving and stopping
                                                             else int(stopping))
-        return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_PENDING),
+        return RoundResult(responses, bool(flags_any & F_STOP), bool(flags_any & F_ELSEWHERE),
                            theirs.extra, stopping_ranks, leaving_ranks, gave_up)
 
     def _who_stops(self, code: int) -> tuple[list[int], list[int]]:
