@@ -159,7 +159,9 @@ def worker(sizes_mib: list[float], rounds: int, iters: int, fp16: bool,
                 # nodes, mpitrain.ops.calibration): warm up past that, as training does.
                 for _ in range(1 + calls_to_decide(3) if name.startswith("auto") else 1):
                     call()
-                record(name, s, _timed(call, iters, hvd.barrier))
+                # Aligned by MPI's own barrier, as MPI's calls are: the same start for all
+                # (hvd.barrier's exit is staggered by its round, which would count here).
+                record(name, s, _timed(call, iters, world.Barrier))
             hvd.shutdown()
     if rank == 0:
         print("BENCH " + json.dumps({"size": size, "local_size": local, "link_Bps": link,
