@@ -6,9 +6,9 @@ by the execution of what that round decided.  Because every member runs the same
 same order, collectives match across ranks without any further coordination.
 
 The thread never spins: between cycles it sleeps on a condition variable that a submission
-wakes, for the cycle time while anything is pending somewhere and for a growing idle interval
-otherwise.  A thread waiting on a handle while no cycle runs runs the cycles itself
-(:mod:`.driver`).
+wakes, for the cycle time while work is pending here (or in some rank's smaller set) and for a
+growing idle interval otherwise.  A thread waiting on a handle while no cycle runs runs the
+cycles itself (:mod:`.driver`).
 """
 
 from __future__ import annotations
@@ -46,8 +46,7 @@ class Engine:
             self.timeline.start(config.timeline, config.timeline_mark_cycles)
         self._cond = threading.Condition(threading.Lock())
         self._inbox: list[Request] = []
-        # The requests the executor is running now: neither queued nor pending any more, so
-        # when the data plane raises (a CUDA error, say) they are failed from here.
+        # Run by the executor now (neither queued nor pending): failed here if it raises.
         self._executing: list[Request] = []
         self._stopping = False
         self._stopped = False
@@ -76,9 +75,8 @@ class Engine:
     # ------------------------------------------------------------------ gradient buckets
     @property
     def fusion_threshold(self) -> int:
-        """The fusion threshold this rank runs now: autotune's last applied setting, else the
-        configuration's.  The one value every executor fuses at and gradient buckets are
-        planned at; every rank changes it at the same cycle (:mod:`.autotune_sync`)."""
+        """The fusion threshold now (autotune's last setting, else the configuration's): every
+        executor fuses and buckets are planned at it; all ranks change it in one cycle."""
         setting = self.autotune.setting
         return self.config.fusion_threshold if setting is None else setting.fusion_threshold
 
@@ -235,8 +233,7 @@ class Engine:
         pending_elsewhere = False
         deadlock_s = self.config.deadlock_time_seconds
         stuck = deadlock_s > 0 and self.completion.idle_waiting_for() >= deadlock_s
-        # Work pending in a smaller set still needs every cycle's global round from all
-        # ranks: the idle ones must keep cycling at the cycle time, not back off.
+        # Work pending in a smaller set needs every cycle's global round from all ranks.
         elsewhere = any(s.negotiator.pending for s in sets
                         if s.id != GLOBAL_SET_ID and s.negotiator is not None)
         for state in sets:
@@ -267,12 +264,9 @@ class Engine:
                 if not stopping:  # others stopped this engine; this rank may go on
                     self._peers_left = result.leaving_ranks
                 return True
-        # Rounds at the cycle time only while they can decide something: this rank still has
-        # requests pending (the others' rounds for them come as soon as they submit theirs),
-        # or a smaller set's members need this rank's global rounds.  Otherwise back off: a
-        # round run after this rank's last request completed pairs with another rank's round
-        # for its next request, which then takes a second round (a synchronous 1 MiB
-        # allreduce across 2 x 2 hosts: 1.7 rounds per call, 3.2 ms; with this 1.05, 2.6 ms).
+        # The cycle time only while rounds can decide something (work pending here or in a
+        # smaller set): an idle rank's round would pair with another's round for its next
+        # request, which then takes two (docs/performance.md, "Rounds that decide nothing").
         self._driver.someone_pending = pending_elsewhere or any(
             s.negotiator is not None and s.negotiator.pending for s in sets)
         return False
@@ -357,8 +351,8 @@ class Engine:
 
     # ------------------------------------------------------------------ introspection
     def tuned(self) -> dict[str, Any]:
-        """What autotune has this rank running now (the configuration's values until rank 0
-        sends a setting), and whether it is frozen."""
+        """What autotune has this rank running now (the configuration's until rank 0 sends
+        a setting; then the setting's), and whether it is frozen."""
         setting = self.autotune.setting or start_setting(self.config)
         return {**setting._asdict(), "frozen": self.autotune.frozen,
                 "changes": self.autotune.changes,
