@@ -242,6 +242,29 @@ def test_a_neighbour_decided_during_a_class_s_trials_spares_the_calls_not_yet_ma
     assert calibration.choice(large, narrow=True) == "hierarchical"
 
 
+def test_a_neighbour_that_ends_a_class_s_round_between_its_calls_decides_it():
+    """A fresh job with Compression.fp16 on 2 x 2 hosts at 1 Gbit/s (2026-11-30): the fused
+    16 MiB class had run hierarchical's and the ring's trials, MPI's own (last on 16-bit
+    buffers) still to come, when the 8 MiB class saw MPI's own lose plainly and so left it
+    out next door.  The 16 MiB class's round was over with no trial left and no decision, and
+    its next allreduce failed the engine on every rank ("next_trial after the decision")."""
+    now = [0.0]
+    calibration = Calibration(("mpi", "hierarchical", "ring"), clock=lambda: now[0])
+    small, large = 16 << 20, 32 << 20
+    for name, cost in [("hierarchical", 0.16)] * TRIALS + [("ring", 0.23)] * TRIALS:
+        assert calibration.next_trial(large, True) == name
+        calibration.run_trial(SlowestRankComm(), large, name,
+                              lambda cost=cost: now.__setitem__(0, now[0] + cost), True)
+    assert calibration.next_trial(large, True) == "mpi"
+    decide(calibration, now, {"mpi": [0.55], "hierarchical": [0.09], "ring": [0.115]},
+           nbytes=small, narrow=True)
+    assert calibration.losers[Calibration.size_class(small, True)] == {"mpi"}
+    # Concluded from the trials it has, without MPI's own and without a second look.
+    assert calibration.choice(large, narrow=True) == "hierarchical"
+    assert [n for n, _ in calibration.trials[Calibration.size_class(large, True)]] == \
+        ["hierarchical"] * TRIALS + ["ring"] * TRIALS
+
+
 def test_what_an_adjacent_class_chose_runs_even_if_the_other_one_saw_it_lose():
     # Near a crossover: MPI's own lost plainly below and won above; the class between tries it.
     now = [0.0]

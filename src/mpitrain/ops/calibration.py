@@ -138,8 +138,21 @@ class Calibration:
         return narrow, int(nbytes).bit_length()
 
     def choice(self, nbytes: int, narrow: bool = False) -> str | None:
-        """The decided algorithm for this size, or None while it is still being measured."""
-        return self.decided.get(self.size_class(nbytes, narrow))
+        """The decided algorithm for this size, or None while it is still being measured.
+
+        A round can end between two calls of its class: a neighbour decided meanwhile and left
+        out the contenders still to run here (see :meth:`_entrants`; 2 x 2 hosts at 1 Gbit/s
+        with ``Compression.fp16``: the fused 16 MiB class had run all but MPI's own when the
+        8 MiB class saw MPI's own lose plainly).  Such a round is concluded here, from the
+        trials it has, as its last trial would have concluded it; every rank holds the same
+        trials and decisions at this call, so every rank concludes alike.
+        """
+        key = self.size_class(nbytes, narrow)
+        decided = self.decided.get(key)
+        if decided is None and key in self.trials and self._next(key) is None:
+            self._conclude(key)
+            decided = self.decided.get(key)
+        return decided
 
     def checking(self, nbytes: int, narrow: bool = False) -> bool:
         """Whether the next call of this size runs a given choice under its check."""
@@ -251,8 +264,12 @@ class Calibration:
         slowest = float(comm.allreduce(elapsed, op=MPI.MAX))
         key = self.size_class(nbytes, narrow)
         self.trials.setdefault(key, []).append((name, slowest))
-        if self._next(key) is not None:
-            return
+        if self._next(key) is None:
+            self._conclude(key)
+
+    def _conclude(self, key: Key) -> None:
+        """End the round that has no trial left: decide, or take the first round's winner
+        into the second look."""
         _, trials = self._round(key)
         # Decided in order of preference (MPI's own first), whatever order the calls ran in.
         mpi = self.contenders[0]
